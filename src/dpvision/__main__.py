@@ -1,0 +1,5 @@
+"""Entry point for ``python -m dpvision``."""
+
+from dpvision.cli import main
+
+raise SystemExit(main())

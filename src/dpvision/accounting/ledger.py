@@ -1,0 +1,202 @@
+"""The privacy ledger: an ordered record of the mechanisms a run actually executed.
+
+Every noisy release appends an entry (or increments the count of the previous entry when
+the release repeats with identical parameters, as DP-SGD steps do). The ledger is the only
+input to the ε a run reports: it is turned into a ``dp_accounting`` DpEvent and handed to an
+accountant, so what is reported is what ran. It serialises to JSON for result files and
+checkpoints, and is restored from that JSON on resume.
+
+Adjacency is add/remove-one example throughout.
+"""
+
+import json
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import dp_accounting
+
+from dpvision.accounting._checks import check_noise_multiplier, check_sample_rate, check_steps
+from dpvision.accounting.accountants import Accountant, compute_epsilon
+from dpvision.accounting.events import compose_events, gaussian_event, poisson_gaussian_event
+from dpvision.errors import DPVisionError
+
+LEDGER_FORMAT = "dpvision-ledger/1"
+NEIGHBORING_RELATION = "add_or_remove_one"
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One kind of release, repeated ``count`` times.
+
+    Attributes:
+      mechanism: Always ``"gaussian"``: Gaussian noise on a clipped sum.
+      noise_multiplier: σ, the noise std divided by the L2 sensitivity.
+      sample_rate: q, the Poisson sampling rate of each release; 1.0 = full batch.
+      count: How many times the release ran.
+      released: What was released, in words (e.g. ``"DP-SGD gradient sum"``).
+      l2_sensitivity: The L2 sensitivity Δ the noise was scaled to (noise std σΔ), when known.
+    """
+
+    noise_multiplier: float
+    sample_rate: float
+    count: int
+    released: str
+    l2_sensitivity: float | None = None
+    mechanism: str = "gaussian"
+
+    def __post_init__(self) -> None:
+        check_noise_multiplier(self.noise_multiplier)
+        check_sample_rate(self.sample_rate)
+        check_steps(self.count, "count")
+        if self.mechanism != "gaussian":
+            raise DPVisionError(f"unknown mechanism {self.mechanism!r} in ledger entry")
+        if self.l2_sensitivity is not None and not (
+            math.isfinite(self.l2_sensitivity) and self.l2_sensitivity > 0
+        ):
+            raise DPVisionError(f"l2_sensitivity must be finite and > 0, got {self.l2_sensitivity}")
+
+    @property
+    def sampling(self) -> str:
+        """``"poisson"`` for sampled releases, ``"none"`` for full batch."""
+        return "none" if self.sample_rate == 1.0 else "poisson"
+
+    def dp_event(self) -> dp_accounting.DpEvent:
+        """The DpEvent of this entry's ``count`` releases."""
+        if self.sample_rate == 1.0:
+            return gaussian_event(noise_multiplier=self.noise_multiplier, count=self.count)
+        return poisson_gaussian_event(
+            noise_multiplier=self.noise_multiplier,
+            sample_rate=self.sample_rate,
+            steps=self.count,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict, with the derived ``sampling`` field for readers."""
+        return {**asdict(self), "sampling": self.sampling}
+
+
+class PrivacyLedger:
+    """An ordered, append-only record of the Gaussian releases a run made.
+
+    >>> ledger = PrivacyLedger()
+    >>> ledger.record(noise_multiplier=8.0, released="mean of clipped features")
+    >>> for _ in range(500):
+    ...     ledger.record(noise_multiplier=1.1, sample_rate=0.01, released="DP-SGD gradient sum")
+    >>> [(e.released, e.count) for e in ledger]
+    [('mean of clipped features', 1), ('DP-SGD gradient sum', 500)]
+    >>> PrivacyLedger.from_json(ledger.to_json()) == ledger
+    True
+    """
+
+    def __init__(self, entries: Iterable[LedgerEntry] = ()) -> None:
+        self._entries: list[LedgerEntry] = []
+        for entry in entries:
+            self._append(entry)
+
+    def _append(self, entry: LedgerEntry) -> None:
+        last = self._entries[-1] if self._entries else None
+        if last is not None and replace(last, count=entry.count) == entry:
+            self._entries[-1] = replace(last, count=last.count + entry.count)
+        else:
+            self._entries.append(entry)
+
+    def record(
+        self,
+        *,
+        noise_multiplier: float,
+        released: str,
+        sample_rate: float = 1.0,
+        count: int = 1,
+        l2_sensitivity: float | None = None,
+    ) -> None:
+        """Appends ``count`` releases of Gaussian noise with multiplier σ at sampling rate q."""
+        self._append(
+            LedgerEntry(
+                noise_multiplier=float(noise_multiplier),
+                sample_rate=float(sample_rate),
+                count=int(count),
+                released=released,
+                l2_sensitivity=None if l2_sensitivity is None else float(l2_sensitivity),
+            )
+        )
+
+    def extend(self, other: "PrivacyLedger") -> None:
+        """Appends every entry of ``other`` (e.g. a later training phase), in order."""
+        for entry in other:
+            self._append(entry)
+
+    @property
+    def entries(self) -> tuple[LedgerEntry, ...]:
+        return tuple(self._entries)
+
+    def __iter__(self) -> Iterator[LedgerEntry]:
+        return iter(tuple(self._entries))
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PrivacyLedger) and self._entries == other._entries
+
+    def __repr__(self) -> str:
+        return f"PrivacyLedger({self._entries!r})"
+
+    @property
+    def total_count(self) -> int:
+        """The number of noisy releases recorded, over all entries."""
+        return sum(entry.count for entry in self._entries)
+
+    def dp_event(self) -> dp_accounting.DpEvent:
+        """The composed DpEvent of everything recorded (``NoOpDpEvent`` when empty)."""
+        return compose_events([entry.dp_event() for entry in self._entries])
+
+    def epsilon(self, delta: float, accountant: "Accountant | str | None" = None) -> float:
+        """ε of the whole record at ``delta`` (the tightest valid accountant by default)."""
+        return compute_epsilon(self.dp_event(), delta=delta, accountant=accountant)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": LEDGER_FORMAT,
+            "neighboring_relation": NEIGHBORING_RELATION,
+            "entries": [entry.to_dict() for entry in self._entries],
+        }
+
+    def to_json(self, **kwargs: Any) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "PrivacyLedger":
+        """Rebuilds a ledger from :meth:`to_dict` output; a malformed record is a one-line error."""
+        if not isinstance(data, dict) or data.get("format") != LEDGER_FORMAT:
+            raise DPVisionError(f"not a dpvision privacy ledger (expected format {LEDGER_FORMAT})")
+        if data.get("neighboring_relation") != NEIGHBORING_RELATION:
+            raise DPVisionError(
+                f"unsupported neighboring relation {data.get('neighboring_relation')!r}"
+            )
+        fields = {
+            "noise_multiplier",
+            "sample_rate",
+            "count",
+            "released",
+            "l2_sensitivity",
+            "mechanism",
+        }
+        entries = []
+        for raw in data.get("entries", []):
+            if not isinstance(raw, dict):
+                raise DPVisionError("malformed privacy ledger entry: expected an object")
+            try:
+                entries.append(LedgerEntry(**{k: v for k, v in raw.items() if k in fields}))
+            except TypeError as error:
+                raise DPVisionError(f"malformed privacy ledger entry: {error}") from None
+        return cls(entries)
+
+    @classmethod
+    def from_json(cls, text: str) -> "PrivacyLedger":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise DPVisionError(f"privacy ledger is not valid JSON: {error}") from None
+        return cls.from_dict(data)

@@ -1,0 +1,355 @@
+"""The ``dpvision`` command line (also ``python -m dpvision``).
+
+Commands:
+  dpvision privacy epsilon  ε spent by T steps of the (Poisson-sampled) Gaussian mechanism
+  dpvision privacy noise    the noise multiplier σ that meets a target (ε, δ)
+  dpvision privacy steps    how many steps a noise multiplier allows within (ε, δ)
+
+User errors (bad values, unreachable targets) print one line on stderr and exit with code 2.
+"""
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
+
+from dpvision import __version__
+from dpvision.errors import DPVisionError
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (no usage dump) and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _ceil_sig(value: float, digits: int = 6) -> str:
+    """Formats ``value`` with ``digits`` significant digits, rounded *up* (never understates)."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    exponent = math.floor(math.log10(abs(value))) - digits + 1
+    scale = 10.0**exponent
+    rounded = math.ceil(value / scale - 1e-9) * scale
+    return f"{rounded:.{digits}g}"
+
+
+def _positive_float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def _whole_number(text: str) -> int:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+    return int(value)
+
+
+def _add_accountant_argument(parser: argparse.ArgumentParser) -> None:
+    from dpvision.accounting import Accountant
+
+    parser.add_argument(
+        "--accountant",
+        choices=[a.value for a in Accountant],
+        default=None,
+        help="privacy accountant (default: all side by side in the table; in --json the "
+        "tightest valid one: gaussian for full batch, else pld)",
+    )
+
+
+def _add_common_arguments(
+    parser: argparse.ArgumentParser, *, sigma: bool, epsilon: bool, steps: bool
+) -> None:
+    if sigma:
+        parser.add_argument(
+            "--noise-multiplier",
+            type=_positive_float,
+            required=True,
+            metavar="S",
+            help="σ: noise std divided by the clipping norm",
+        )
+    if epsilon:
+        parser.add_argument(
+            "--epsilon", type=_positive_float, required=True, metavar="E", help="target ε"
+        )
+    parser.add_argument(
+        "--delta",
+        type=_positive_float,
+        required=True,
+        metavar="D",
+        help="δ, in (0, 1); commonly below 1/N for N training examples",
+    )
+    parser.add_argument(
+        "--sample-rate",
+        type=_positive_float,
+        required=True,
+        metavar="Q",
+        help="Poisson sampling rate q = batch size / N; 1 means full batch",
+    )
+    if steps:
+        parser.add_argument(
+            "--steps", type=_whole_number, required=True, metavar="T", help="number of noisy steps"
+        )
+    _add_accountant_argument(parser)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="dpvision",
+        description="Differentially private image classification.",
+    )
+    parser.add_argument("--version", action="version", version=f"dpvision {__version__}")
+    commands = parser.add_subparsers(
+        dest="command", required=True, parser_class=_Parser, metavar="COMMAND"
+    )
+    privacy = commands.add_parser(
+        "privacy",
+        help="privacy calculator: ε, noise multiplier or steps for the Gaussian mechanism",
+        description="Privacy calculator for T steps of the Poisson-sampled Gaussian mechanism "
+        "(DP-SGD) or, with --sample-rate 1, of the full-batch Gaussian mechanism. "
+        "Add/remove-one adjacency.",
+    )
+    queries = privacy.add_subparsers(
+        dest="query", required=True, parser_class=_Parser, metavar="QUERY"
+    )
+    _add_common_arguments(
+        queries.add_parser("epsilon", help="ε for given σ, q, T, δ"),
+        sigma=True,
+        epsilon=False,
+        steps=True,
+    )
+    _add_common_arguments(
+        queries.add_parser("noise", help="σ that meets a target (ε, δ) for given q, T"),
+        sigma=False,
+        epsilon=True,
+        steps=True,
+    )
+    _add_common_arguments(
+        queries.add_parser("steps", help="largest T within a target (ε, δ) for given σ, q"),
+        sigma=True,
+        epsilon=True,
+        steps=False,
+    )
+    return parser
+
+
+def _accountants_for(sample_rate: float, chosen: str | None) -> list[Any]:
+    from dpvision.accounting import Accountant
+
+    if chosen is not None:
+        return [Accountant(chosen)]
+    return list(Accountant)
+
+
+def _default_for(sample_rate: float, chosen: str | None) -> Any:
+    from dpvision.accounting import Accountant
+
+    if chosen is not None:
+        return Accountant(chosen)
+    return Accountant.GAUSSIAN if sample_rate == 1 else Accountant.PLD
+
+
+def _not_applicable(accountant: Any, sample_rate: float) -> str | None:
+    from dpvision.accounting import Accountant
+
+    if accountant is Accountant.GAUSSIAN and sample_rate != 1:
+        return "n/a (exact only for full batch, --sample-rate 1)"
+    return None
+
+
+def _print_table(title: str, header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    print(title)
+    for row in [header, *rows]:
+        cells = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+        print(("  " + "  ".join(cells)).rstrip())
+
+
+def _table_rows(
+    accountants: list[Any], sample_rate: float, row: Callable[[Any], tuple[str, ...]]
+) -> list[tuple[str, ...]]:
+    """One row per accountant; an accountant that cannot answer gets its reason in the row.
+
+    When none can answer, the first error is raised, so the command fails with exit code 2.
+    """
+    rows, errors = [], []
+    for accountant in accountants:
+        reason = _not_applicable(accountant, sample_rate)
+        if reason:
+            rows.append((accountant.value, reason))
+            continue
+        try:
+            rows.append((accountant.value, *row(accountant)))
+        except DPVisionError as error:
+            errors.append(error)
+            rows.append((accountant.value, f"n/a: {str(error).split(';')[0]}"))
+    if len(errors) == len([a for a in accountants if not _not_applicable(a, sample_rate)]):
+        raise errors[0]
+    width = max(len(r) for r in rows)
+    return [r + ("",) * (width - len(r)) for r in rows]
+
+
+def _run_epsilon(args: argparse.Namespace) -> dict[str, Any] | None:
+    from dpvision.accounting import compute_epsilon, poisson_gaussian_event
+
+    event = poisson_gaussian_event(
+        noise_multiplier=args.noise_multiplier, sample_rate=args.sample_rate, steps=args.steps
+    )
+    base = {
+        "noise_multiplier": args.noise_multiplier,
+        "sample_rate": args.sample_rate,
+        "steps": args.steps,
+        "delta": args.delta,
+        "neighboring_relation": "add_or_remove_one",
+    }
+    if args.json:
+        accountant = _default_for(args.sample_rate, args.accountant)
+        epsilon = compute_epsilon(event, delta=args.delta, accountant=accountant)
+        return {"epsilon": epsilon, "accountant": accountant.value, **base}
+    rows = _table_rows(
+        _accountants_for(args.sample_rate, args.accountant),
+        args.sample_rate,
+        lambda accountant: (
+            _ceil_sig(compute_epsilon(event, delta=args.delta, accountant=accountant)),
+        ),
+    )
+    _print_table(
+        f"ε for σ = {args.noise_multiplier:g}, q = {args.sample_rate:g}, T = {args.steps}, "
+        f"δ = {args.delta:g} (add/remove-one adjacency):",
+        ("accountant", "epsilon"),
+        rows,
+    )
+    return None
+
+
+def _run_noise(args: argparse.Namespace) -> dict[str, Any] | None:
+    from dpvision.accounting import (
+        calibrate_noise_multiplier,
+        compute_epsilon,
+        poisson_gaussian_event,
+    )
+
+    def calibrate(accountant: Any) -> tuple[float, float]:
+        sigma = calibrate_noise_multiplier(
+            target_epsilon=args.epsilon,
+            target_delta=args.delta,
+            sample_rate=args.sample_rate,
+            steps=args.steps,
+            accountant=accountant,
+        )
+        event = poisson_gaussian_event(
+            noise_multiplier=sigma, sample_rate=args.sample_rate, steps=args.steps
+        )
+        return sigma, compute_epsilon(event, delta=args.delta, accountant=accountant)
+
+    if args.json:
+        accountant = _default_for(args.sample_rate, args.accountant)
+        sigma, epsilon = calibrate(accountant)
+        return {
+            "noise_multiplier": sigma,
+            "epsilon": epsilon,
+            "target_epsilon": args.epsilon,
+            "delta": args.delta,
+            "accountant": accountant.value,
+            "sample_rate": args.sample_rate,
+            "steps": args.steps,
+            "neighboring_relation": "add_or_remove_one",
+        }
+
+    def row(accountant: Any) -> tuple[str, str]:
+        sigma, _ = calibrate(accountant)
+        # Show σ rounded up, and the ε of the σ shown, so copying it never overshoots.
+        shown = _ceil_sig(sigma)
+        event = poisson_gaussian_event(
+            noise_multiplier=float(shown), sample_rate=args.sample_rate, steps=args.steps
+        )
+        return shown, _ceil_sig(compute_epsilon(event, delta=args.delta, accountant=accountant))
+
+    rows = _table_rows(_accountants_for(args.sample_rate, args.accountant), args.sample_rate, row)
+    _print_table(
+        f"noise multiplier for ε ≤ {args.epsilon:g}, δ = {args.delta:g}, "
+        f"q = {args.sample_rate:g}, T = {args.steps} (add/remove-one adjacency):",
+        ("accountant", "noise_multiplier", "epsilon"),
+        rows,
+    )
+    return None
+
+
+def _run_steps(args: argparse.Namespace) -> dict[str, Any] | None:
+    from dpvision.accounting import calibrate_steps, compute_epsilon, poisson_gaussian_event
+
+    def solve(accountant: Any) -> tuple[int, float]:
+        steps = calibrate_steps(
+            target_epsilon=args.epsilon,
+            target_delta=args.delta,
+            noise_multiplier=args.noise_multiplier,
+            sample_rate=args.sample_rate,
+            accountant=accountant,
+        )
+        event = poisson_gaussian_event(
+            noise_multiplier=args.noise_multiplier, sample_rate=args.sample_rate, steps=steps
+        )
+        return steps, compute_epsilon(event, delta=args.delta, accountant=accountant)
+
+    if args.json:
+        accountant = _default_for(args.sample_rate, args.accountant)
+        steps, epsilon = solve(accountant)
+        return {
+            "steps": steps,
+            "epsilon": epsilon,
+            "target_epsilon": args.epsilon,
+            "delta": args.delta,
+            "accountant": accountant.value,
+            "noise_multiplier": args.noise_multiplier,
+            "sample_rate": args.sample_rate,
+            "neighboring_relation": "add_or_remove_one",
+        }
+
+    def row(accountant: Any) -> tuple[str, str]:
+        steps, epsilon = solve(accountant)
+        return str(steps), _ceil_sig(epsilon)
+
+    rows = _table_rows(_accountants_for(args.sample_rate, args.accountant), args.sample_rate, row)
+    _print_table(
+        f"steps within ε ≤ {args.epsilon:g}, δ = {args.delta:g} for σ = "
+        f"{args.noise_multiplier:g}, q = {args.sample_rate:g} (add/remove-one adjacency):",
+        ("accountant", "steps", "epsilon"),
+        rows,
+    )
+    return None
+
+
+_PRIVACY_QUERIES: dict[str, Callable[[argparse.Namespace], dict[str, Any] | None]] = {
+    "epsilon": _run_epsilon,
+    "noise": _run_noise,
+    "steps": _run_steps,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the command line; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "privacy":
+            result = _PRIVACY_QUERIES[args.query](args)
+            if result is not None:
+                print(json.dumps(result))
+    except DPVisionError as error:
+        print(f"dpvision: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("dpvision: interrupted", file=sys.stderr)
+        return 130
+    return 0

@@ -1,0 +1,10 @@
+"""Errors that dpvision reports to its users.
+
+Every user-facing mistake (bad parameter, unreachable privacy target, malformed file) is a
+:class:`DPVisionError`. The command line turns it into one line on stderr and exit code 2;
+library callers can catch it like the ``ValueError`` it derives from.
+"""
+
+
+class DPVisionError(ValueError):
+    """A problem with the user's input, described in one line that says what to do."""

@@ -1,0 +1,10 @@
+"""Mechanisms: the noise actually added to what dpvision releases (torch).
+
+The accounting side (:mod:`dpvision.accounting`) *describes* mechanisms; this side *runs*
+them. Each function here takes the L2 sensitivity of the value it privatises and derives
+the noise from it, so the sensitivity is stated once, next to the value it bounds.
+"""
+
+from dpvision.mechanisms.noise import add_gaussian_noise, gaussian_noise, release_gaussian
+
+__all__ = ["add_gaussian_noise", "gaussian_noise", "release_gaussian"]

@@ -1,0 +1,107 @@
+"""The Gaussian mechanism on torch tensors.
+
+For a query f with L2 sensitivity Δ (the largest ‖f(D) − f(D')‖₂ over datasets that differ by
+adding or removing one example), releasing f(D) + N(0, (σΔ)² I) is the Gaussian mechanism
+with noise multiplier σ; its privacy is accounted by
+:func:`dpvision.accounting.gaussian_event` (or the Poisson-sampled event when the data fed
+to f was Poisson-sampled at rate q).
+
+Noise comes from ``generator`` when one is given (reproducible runs, and identical draws on
+every worker of a distributed step), else from torch's global generator. These are
+pseudo-random generators, as in jax_privacy and Opacus without ``secure_mode``: adequate
+against the threat model of the published guarantees, not against an adversary who can
+observe the generator's state.
+"""
+
+import math
+
+import torch
+
+from dpvision.accounting import PrivacyLedger
+from dpvision.accounting._checks import check_noise_multiplier, check_sample_rate
+from dpvision.errors import DPVisionError
+
+
+def _noise_std(l2_sensitivity: float, noise_multiplier: float) -> float:
+    sigma = check_noise_multiplier(noise_multiplier)
+    sensitivity = float(l2_sensitivity)
+    if not (math.isfinite(sensitivity) and sensitivity > 0):
+        raise DPVisionError(f"l2_sensitivity must be finite and > 0, got {l2_sensitivity}")
+    return sigma * sensitivity
+
+
+def gaussian_noise(
+    shape: torch.Size | tuple[int, ...],
+    *,
+    l2_sensitivity: float,
+    noise_multiplier: float,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Draws N(0, (σΔ)²) noise of the given shape: σ = ``noise_multiplier``, Δ = sensitivity."""
+    std = _noise_std(l2_sensitivity, noise_multiplier)
+    noise = torch.randn(shape, dtype=dtype, device=device, generator=generator)
+    return noise.mul_(std)
+
+
+def add_gaussian_noise(
+    value: torch.Tensor,
+    *,
+    l2_sensitivity: float,
+    noise_multiplier: float,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Returns ``value`` + N(0, (σΔ)² I), leaving ``value`` itself unchanged.
+
+    Privacy:
+      Releases ``value`` with noise calibrated to its L2 sensitivity Δ = ``l2_sensitivity``,
+      which the caller must guarantee (e.g. a sum of contributions each clipped to norm Δ,
+      under add/remove-one adjacency). Recording the release is the caller's job; use
+      :func:`release_gaussian` to do both at once.
+    """
+    if not value.is_floating_point():
+        raise DPVisionError(f"can only add Gaussian noise to a floating tensor, got {value.dtype}")
+    noise = gaussian_noise(
+        value.shape,
+        l2_sensitivity=l2_sensitivity,
+        noise_multiplier=noise_multiplier,
+        dtype=value.dtype,
+        device=value.device,
+        generator=generator,
+    )
+    return value + noise
+
+
+def release_gaussian(
+    value: torch.Tensor,
+    *,
+    l2_sensitivity: float,
+    noise_multiplier: float,
+    ledger: PrivacyLedger,
+    released: str,
+    sample_rate: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Adds Gaussian noise to ``value`` and records the release in ``ledger``.
+
+    Privacy:
+      Releases ``value`` + N(0, (σΔ)² I), where Δ = ``l2_sensitivity`` bounds the change of
+      ``value`` when one example is added or removed. ``sample_rate`` is the Poisson rate at
+      which the examples behind ``value`` were drawn (1.0: the whole dataset). The ledger
+      entry is written after the noise is drawn, so it records exactly what ran.
+    """
+    check_sample_rate(sample_rate)
+    noisy = add_gaussian_noise(
+        value,
+        l2_sensitivity=l2_sensitivity,
+        noise_multiplier=noise_multiplier,
+        generator=generator,
+    )
+    ledger.record(
+        noise_multiplier=noise_multiplier,
+        sample_rate=sample_rate,
+        l2_sensitivity=l2_sensitivity,
+        released=released,
+    )
+    return noisy

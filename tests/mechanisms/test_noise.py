@@ -1,0 +1,84 @@
+"""The Gaussian noise helper: its scale is right in both directions (two-sided KS test)."""
+
+import pytest
+import torch
+from scipy import stats
+
+from dpvision.accounting import PrivacyLedger
+from dpvision.errors import DPVisionError
+from dpvision.mechanisms import add_gaussian_noise, gaussian_noise, release_gaussian
+
+SENSITIVITY, SIGMA = 0.7, 3.0
+SCALE = SENSITIVITY * SIGMA
+
+
+def _noise_sample(n: int = 20000) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(1234)
+    zeros = torch.zeros(n, dtype=torch.float64)
+    return add_gaussian_noise(
+        zeros, l2_sensitivity=SENSITIVITY, noise_multiplier=SIGMA, generator=generator
+    )
+
+
+def _ks_pvalue(sample: torch.Tensor, scale: float) -> float:
+    return float(stats.kstest(sample.numpy(), stats.norm(loc=0.0, scale=scale).cdf).pvalue)
+
+
+def test_noise_passes_ks_at_the_right_scale():
+    assert _ks_pvalue(_noise_sample(), SCALE) > 1e-3
+
+
+@pytest.mark.parametrize("wrong_factor", [0.67, 1.5])
+def test_ks_rejects_a_wrong_scale(wrong_factor):
+    # If the helper drew noise at 0.67x or 1.5x the right scale, the test above would fail:
+    # equivalently, the right-scale sample is rejected against the wrong-scale reference.
+    assert _ks_pvalue(_noise_sample(), SCALE * wrong_factor) < 1e-6
+    broken = _noise_sample() * wrong_factor
+    assert _ks_pvalue(broken, SCALE) < 1e-6
+
+
+def test_noise_does_not_modify_its_input_and_keeps_dtype():
+    value = torch.ones(5, dtype=torch.float32)
+    noisy = add_gaussian_noise(value, l2_sensitivity=1.0, noise_multiplier=1.0)
+    assert torch.equal(value, torch.ones(5))
+    assert noisy.dtype == torch.float32
+
+
+def test_same_generator_seed_gives_same_noise():
+    draw = lambda: gaussian_noise(  # noqa: E731
+        (3,), l2_sensitivity=1.0, noise_multiplier=2.0, generator=torch.Generator().manual_seed(7)
+    )
+    assert torch.equal(draw(), draw())
+
+
+def test_release_records_what_ran():
+    ledger = PrivacyLedger()
+    release_gaussian(
+        torch.zeros(4),
+        l2_sensitivity=2.0,
+        noise_multiplier=5.0,
+        ledger=ledger,
+        released="sum of clipped features",
+    )
+    (entry,) = ledger.entries
+    assert (entry.noise_multiplier, entry.sample_rate, entry.count, entry.l2_sensitivity) == (
+        5.0,
+        1.0,
+        1,
+        2.0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("sensitivity", "sigma"), [(0.0, 1.0), (-1.0, 1.0), (1.0, 0.0), (float("inf"), 1.0)]
+)
+def test_bad_scale_is_an_error(sensitivity, sigma):
+    with pytest.raises(DPVisionError):
+        add_gaussian_noise(torch.zeros(2), l2_sensitivity=sensitivity, noise_multiplier=sigma)
+
+
+def test_integer_tensor_is_refused():
+    with pytest.raises(DPVisionError, match="floating"):
+        add_gaussian_noise(
+            torch.zeros(2, dtype=torch.int64), l2_sensitivity=1.0, noise_multiplier=1.0
+        )

@@ -119,6 +119,16 @@ def test_pld_accountant_agrees_with_dp_accounting_directly():
     assert compute_epsilon(event, delta=1e-6, accountant="pld") == reference.get_epsilon(1e-6)
 
 
+def test_pld_stays_tighter_than_rdp_at_small_epsilon():
+    # Regression: a fixed 1e-4 discretisation gave PLD 0.01001 > RDP 0.00981 here.
+    event = poisson_gaussian_event(noise_multiplier=13.0, sample_rate=0.001, steps=1000)
+    pld_eps = compute_epsilon(event, delta=1e-7, accountant="pld")
+    fine = pld.PLDAccountant(value_discretization_interval=1e-6)
+    fine.compose(event)
+    assert fine.get_epsilon(1e-7) <= pld_eps <= fine.get_epsilon(1e-7) * 1.005
+    assert pld_eps < compute_epsilon(event, delta=1e-7, accountant="rdp")
+
+
 @pytest.mark.parametrize("accountant", ["pld", "rdp", "classic-rdp", "gaussian"])
 def test_delta_inverts_epsilon(accountant):
     event = gaussian_event(noise_multiplier=3.0, count=20)

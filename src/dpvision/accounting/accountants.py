@@ -3,7 +3,7 @@
 Four accountants, all valid upper bounds on the privacy loss of the described mechanism:
 
 * ``pld`` — privacy loss distributions (dp-accounting's ``PLDAccountant`` with pessimistic
-  "connect-the-dots" discretisation, interval 1e-4). The tightest for Poisson-sampled steps.
+  discretisation, interval min(1e-4, ε/1000)). The tightest for Poisson-sampled steps.
 * ``rdp`` — Rényi DP (dp-accounting's ``RdpAccountant``) with the RDP-to-(ε, δ) conversion of
   Balle et al. (2020), minimised over :data:`RDP_ORDERS`.
 * ``gaussian`` — exact μ-GDP composition of unsampled Gaussians (:mod:`.gaussian`): the
@@ -67,6 +67,7 @@ RDP_ORDERS: tuple[float, ...] = tuple(
 )
 
 PLD_DISCRETIZATION = 1e-4
+PLD_MIN_DISCRETIZATION = 1e-7
 
 
 class _DropExcludedOrderNotices(logging.Filter):
@@ -106,8 +107,21 @@ def _rdp_accountant(event: dp_accounting.DpEvent, orders: tuple[float, ...]) -> 
     return accountant
 
 
-def _pld_accountant(event: dp_accounting.DpEvent) -> pld.PLDAccountant:
-    accountant = pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION)
+def _pld_interval(epsilon_scale: float) -> float:
+    """The PLD discretisation interval for a run whose ε is about ``epsilon_scale``.
+
+    The pessimistic discretisation error grows with the interval and the number of
+    compositions; a fixed 1e-4 made PLD looser than RDP at ε ≈ 0.01 (σ = 13, q = 0.001,
+    T = 1000: 0.01001 vs 0.00981, true ≈ 0.00878). A thousandth of ε keeps the error to
+    about 0.1 % of ε; 1e-4 is kept for ε ≥ 0.1, where it already is that accurate.
+    """
+    if not math.isfinite(epsilon_scale):
+        return PLD_DISCRETIZATION
+    return min(PLD_DISCRETIZATION, max(PLD_MIN_DISCRETIZATION, epsilon_scale / 1000))
+
+
+def _pld_accountant(event: dp_accounting.DpEvent, interval: float) -> pld.PLDAccountant:
+    accountant = pld.PLDAccountant(value_discretization_interval=interval)
     if not accountant.supports(event):
         raise DPVisionError(f"the PLD accountant cannot account for {type(event).__name__}")
     accountant.compose(event)
@@ -146,7 +160,9 @@ def compute_epsilon(
     if which is Accountant.GAUSSIAN:
         return gaussian_epsilon(mu=gdp_mu(event), delta=delta)
     if which is Accountant.PLD:
-        return max(0.0, float(_pld_accountant(event).get_epsilon(delta)))
+        # RDP (cheap) sizes the discretisation to the ε being computed.
+        scale = float(_rdp_accountant(event, RDP_ORDERS).get_epsilon(delta))
+        return max(0.0, float(_pld_accountant(event, _pld_interval(scale)).get_epsilon(delta)))
     if which is Accountant.RDP:
         return max(0.0, float(_rdp_accountant(event, RDP_ORDERS).get_epsilon(delta)))
     orders, rdp_values = _classic_log_terms(event)
@@ -168,7 +184,7 @@ def compute_delta(
     if which is Accountant.GAUSSIAN:
         return gaussian_delta(mu=gdp_mu(event), epsilon=epsilon)
     if which is Accountant.PLD:
-        return min(1.0, float(_pld_accountant(event).get_delta(epsilon)))
+        return min(1.0, float(_pld_accountant(event, _pld_interval(epsilon)).get_delta(epsilon)))
     if which is Accountant.RDP:
         return min(1.0, float(_rdp_accountant(event, RDP_ORDERS).get_delta(epsilon)))
     orders, rdp_values = _classic_log_terms(event)

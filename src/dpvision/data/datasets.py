@@ -1,0 +1,222 @@
+"""The registry of dataset names and :func:`load_dataset`.
+
+Names:
+
+* ``digits``: scikit-learn's 8x8 digits, split 80/20 per class with a fixed seed
+  (:mod:`dpvision.data.digits`); needs scikit-learn, no files.
+* ``mnist``, ``fashion-mnist``: the four IDX files (``.gz`` or not) (:mod:`dpvision.data.idx`).
+* ``cifar10``, ``cifar100``: the python-version pickles (:mod:`dpvision.data.cifar`).
+* ``dermamnist``: MedMNIST's ``dermamnist.npz``, 28x28 RGB, 7 classes; the official train and
+  test splits, the validation split ignored (:mod:`dpvision.data.npzfiles`).
+* ``npz:PATH``: an ``.npz`` with ``x_train``, ``y_train``, ``x_test``, ``y_test``.
+* ``imagefolder:PATH``: ``PATH/train/<class>/*.png`` and ``PATH/test/<class>/*``
+  (:mod:`dpvision.data.imagefolder`); needs Pillow.
+
+Named datasets with files are found as described in :mod:`dpvision.data.sources`.
+
+Loading reads the private data into memory and nothing else: no statistic of the data is
+computed, logged or released here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from dpvision.data import cifar, digits, idx, imagefolder, npzfiles, sources
+from dpvision.data.core import ImageDataset
+from dpvision.errors import DPVisionError
+
+__all__ = ["DATASETS", "PATH_PREFIXES", "DatasetInfo", "available_datasets", "load_dataset"]
+
+_DIGIT_NAMES = tuple(str(d) for d in range(10))
+_IDX_EXPECTED = ", ".join(f"{stem}[.gz]" for stem in idx.MNIST_FILES.values())
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """A named dataset.
+
+    Attributes:
+        name: Its name for :func:`load_dataset`.
+        description: One line for help texts.
+        num_classes: Number of classes.
+        class_names: Names of the classes, if known.
+        needs_files: Whether it is read from files (found as in :mod:`dpvision.data.sources`).
+    """
+
+    name: str
+    description: str
+    num_classes: int
+    class_names: tuple[str, ...] | None
+    needs_files: bool = True
+
+
+DATASETS: dict[str, DatasetInfo] = {
+    info.name: info
+    for info in (
+        DatasetInfo(
+            "digits", "scikit-learn digits, 8x8 grayscale (no download)", 10, _DIGIT_NAMES, False
+        ),
+        DatasetInfo("mnist", "MNIST handwritten digits, 28x28 grayscale", 10, _DIGIT_NAMES),
+        DatasetInfo(
+            "fashion-mnist",
+            "Fashion-MNIST Zalando article images, 28x28 grayscale",
+            10,
+            (
+                "T-shirt/top",
+                "Trouser",
+                "Pullover",
+                "Dress",
+                "Coat",
+                "Sandal",
+                "Shirt",
+                "Sneaker",
+                "Bag",
+                "Ankle boot",
+            ),
+        ),
+        DatasetInfo("cifar10", "CIFAR-10, 32x32 RGB", 10, cifar.CIFAR10.class_names),
+        DatasetInfo("cifar100", "CIFAR-100 (fine labels), 32x32 RGB", 100, None),
+        DatasetInfo(
+            "dermamnist",
+            "MedMNIST DermaMNIST dermatoscopy, 28x28 RGB (train/test; val ignored)",
+            7,
+            (
+                "actinic keratoses and intraepithelial carcinoma",
+                "basal cell carcinoma",
+                "benign keratosis-like lesions",
+                "dermatofibroma",
+                "melanoma",
+                "melanocytic nevi",
+                "vascular lesions",
+            ),
+        ),
+    )
+}
+"""The named datasets, by name."""
+
+PATH_PREFIXES = ("npz:", "imagefolder:")
+"""Prefixes of the dataset names that carry a path."""
+
+_ALIASES = {
+    "fashion_mnist": "fashion-mnist",
+    "fashionmnist": "fashion-mnist",
+    "cifar-10": "cifar10",
+    "cifar-100": "cifar100",
+}
+
+
+def available_datasets() -> tuple[str, ...]:
+    """The accepted dataset names, path forms included (``npz:PATH``, ``imagefolder:PATH``)."""
+    return (*DATASETS, *(prefix + "PATH" for prefix in PATH_PREFIXES))
+
+
+def load_dataset(
+    name: str, data_dir: str | Path | None = None, *, download: bool = True
+) -> ImageDataset:
+    """Loads a dataset by name (see the module docstring for the names).
+
+    Args:
+        name: ``digits``, ``mnist``, ``fashion-mnist``, ``cifar10``, ``cifar100``,
+            ``dermamnist``, ``npz:PATH`` or ``imagefolder:PATH``. Case-insensitive, except the
+            path.
+        data_dir: For named datasets with files: the folder holding them, or its parent with a
+            ``<name>/`` sub-folder. When given, only that place is used. When ``None``, the
+            lookup order of :mod:`dpvision.data.sources` applies. Ignored by ``digits``,
+            ``npz:`` and ``imagefolder:``.
+        download: Whether a missing named dataset may be downloaded into
+            ``~/.cache/dpvision/<name>`` (never when ``data_dir`` is given or
+            ``DPVISION_OFFLINE`` is set).
+
+    Returns:
+        The dataset, images ``uint8`` ``(N, H, W, C)``, labels ``int64``.
+
+    Raises:
+        DPVisionError: For an unknown name, missing or malformed files, or a failed download.
+    """
+    text = name.strip()
+    lowered = text.lower()
+    for prefix in PATH_PREFIXES:
+        if lowered.startswith(prefix):
+            return _load_path_dataset(text, prefix, text[len(prefix) :].strip())
+    key = _ALIASES.get(lowered, lowered)
+    info = DATASETS.get(key)
+    if info is None:
+        choices = ", ".join(available_datasets())
+        raise DPVisionError(f"unknown dataset {name!r}; choose one of: {choices}")
+    if key == "digits":
+        return _make(info, *digits.load_digits_arrays())
+    if key in ("mnist", "fashion-mnist"):
+        return _load_idx(info, data_dir, download)
+    if key in ("cifar10", "cifar100"):
+        layout = cifar.CIFAR10 if key == "cifar10" else cifar.CIFAR100
+        folder = sources.locate(
+            key,
+            data_dir,
+            lambda candidate: cifar.find_cifar_dir(candidate, layout),
+            f"{layout.folder}/ with {', '.join(layout.all_files)}",
+            download=download,
+        )
+        return _make(info, *cifar.load_cifar(folder, layout))
+    path = sources.locate(
+        key,
+        data_dir,
+        lambda candidate: npzfiles.find_medmnist_file(candidate, key),
+        f"{key}.npz",
+        download=download,
+    )
+    return _make(info, *npzfiles.load_medmnist(path, info.num_classes))
+
+
+def _load_idx(info: DatasetInfo, data_dir: str | Path | None, download: bool) -> ImageDataset:
+    """Finds and reads the four IDX files of ``mnist`` or ``fashion-mnist``."""
+    files = sources.locate(info.name, data_dir, _find_idx_files, _IDX_EXPECTED, download=download)
+    arrays: list[np.ndarray] = []
+    for split in ("train", "test"):
+        images, labels = idx.load_idx_split(files[f"{split}_images"], files[f"{split}_labels"])
+        if labels.size and labels.max() >= info.num_classes:
+            raise DPVisionError(
+                f"{files[f'{split}_labels']}: labels go up to {labels.max()} but {info.name} has "
+                f"{info.num_classes} classes; replace it with the original file"
+            )
+        arrays.extend([images, labels])
+    return _make(info, *arrays)
+
+
+def _find_idx_files(candidate: Path) -> dict[str, Path] | None:
+    """The four IDX files in ``candidate``, or ``None`` unless all of them are there."""
+    found = {key: idx.find_idx_file(candidate, stem) for key, stem in idx.MNIST_FILES.items()}
+    if any(path is None for path in found.values()):
+        return None
+    return {key: path for key, path in found.items() if path is not None}
+
+
+def _load_path_dataset(name: str, prefix: str, raw_path: str) -> ImageDataset:
+    """Loads ``npz:PATH`` or ``imagefolder:PATH``."""
+    if not raw_path:
+        raise DPVisionError(f"dataset {name!r} names no path; write {prefix}PATH")
+    path = Path(raw_path).expanduser()
+    if prefix == "npz:":
+        x_train, y_train, x_test, y_test, num_classes = npzfiles.load_array_npz(path)
+        return ImageDataset(name, x_train, y_train, x_test, y_test, num_classes=num_classes)
+    x_train, y_train, x_test, y_test, classes = imagefolder.load_image_folder(path)
+    return ImageDataset(
+        name, x_train, y_train, x_test, y_test, num_classes=len(classes), class_names=classes
+    )
+
+
+def _make(info: DatasetInfo, *arrays: np.ndarray) -> ImageDataset:
+    """Wraps the four arrays of a named dataset."""
+    train_images, train_labels, test_images, test_labels = arrays
+    return ImageDataset(
+        name=info.name,
+        train_images=train_images,
+        train_labels=train_labels,
+        test_images=test_images,
+        test_labels=test_labels,
+        num_classes=info.num_classes,
+        class_names=info.class_names,
+    )

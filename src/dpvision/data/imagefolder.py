@@ -1,0 +1,135 @@
+"""Reader for image-folder datasets: ``ROOT/train/<class>/*.png`` and ``ROOT/test/<class>/*``.
+
+Classes are the sub-folders of ``ROOT/train``, sorted alphabetically; class ``i`` is the ``i``-th
+name. ``ROOT/test`` may contain a subset of those classes. Files ending in ``.png``, ``.jpg`` or
+``.jpeg`` (any case) are read with Pillow; other files (``.DS_Store``, notes) are ignored. All
+images must have the same width and height. The dataset is grayscale (one channel) when every
+image is grayscale, otherwise every image is converted to RGB (an alpha channel is dropped).
+
+The images are private data; this module only reads them and releases nothing.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpvision.errors import DPVisionError
+
+__all__ = ["IMAGE_SUFFIXES", "load_image_folder"]
+
+IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg"})
+"""File suffixes (lower case) that are read as images."""
+
+_GRAYSCALE_MODES = frozenset({"1", "L", "LA", "I", "I;16", "F"})
+
+
+def load_image_folder(
+    root: Path,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]]:
+    """Reads ``root/train`` and ``root/test`` (see the module docstring).
+
+    Args:
+        root: The dataset folder.
+
+    Returns:
+        ``(train_images, train_labels, test_images, test_labels, class_names)`` with images
+        ``uint8`` ``(N, H, W, C)`` and labels ``int64`` ``(N,)``.
+
+    Raises:
+        DPVisionError: If Pillow is missing, the layout is wrong, a class folder has no images,
+            an image cannot be read, or the images do not all have the same size.
+    """
+    try:
+        from PIL import Image
+    except ImportError as exc:
+        raise DPVisionError(
+            f"{root}: image-folder datasets need Pillow; install it with: pip install pillow"
+        ) from exc
+
+    train_dir, test_dir = root / "train", root / "test"
+    for split_dir in (train_dir, test_dir):
+        if not split_dir.is_dir():
+            raise DPVisionError(
+                f"{split_dir}: no such folder; an image-folder dataset needs "
+                f"{root}/train/<class>/*.png and {root}/test/<class>/*.png"
+            )
+    classes = tuple(sorted(p.name for p in train_dir.iterdir() if p.is_dir()))
+    if not classes:
+        raise DPVisionError(f"{train_dir}: no class folders; put images in {train_dir}/<class>/")
+    unknown = sorted(p.name for p in test_dir.iterdir() if p.is_dir() and p.name not in classes)
+    if unknown:
+        raise DPVisionError(
+            f"{test_dir}: class folder(s) {', '.join(unknown)} have no counterpart in "
+            f"{train_dir}; every test class must also be a training class"
+        )
+
+    files = {
+        split: _list_images(split_dir, classes)
+        for split, split_dir in (("train", train_dir), ("test", test_dir))
+    }
+    all_files = [path for split in files.values() for path, _ in split]
+
+    reference: tuple[Path, tuple[int, int]] | None = None
+    grayscale = True
+    for path in all_files:
+        with _open(Image, path) as image:
+            if reference is None:
+                reference = (path, image.size)
+            elif image.size != reference[1]:
+                (ref_path, (ref_w, ref_h)), (w, h) = reference, image.size
+                raise DPVisionError(
+                    f"{path}: image is {w}x{h} but {ref_path} is {ref_w}x{ref_h}; resize all "
+                    "images to one size"
+                )
+            grayscale = grayscale and image.mode in _GRAYSCALE_MODES
+    mode = "L" if grayscale else "RGB"
+
+    out: list[np.ndarray] = []
+    for split in ("train", "test"):
+        entries = files[split]
+        images = np.stack([_pixels(Image, path, mode) for path, _ in entries]) if entries else None
+        if images is None:
+            width, height = reference[1] if reference else (0, 0)
+            images = np.zeros((0, height, width, 1 if grayscale else 3), dtype=np.uint8)
+        out.extend([images, np.array([label for _, label in entries], dtype=np.int64)])
+    return out[0], out[1], out[2], out[3], classes
+
+
+def _list_images(split_dir: Path, classes: tuple[str, ...]) -> list[tuple[Path, int]]:
+    """Lists ``(file, label)`` for every image under ``split_dir/<class>/``, sorted by name."""
+    entries: list[tuple[Path, int]] = []
+    for label, name in enumerate(classes):
+        class_dir = split_dir / name
+        if not class_dir.is_dir():
+            continue
+        paths = sorted(
+            p for p in class_dir.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
+        )
+        if not paths and split_dir.name == "train":
+            raise DPVisionError(
+                f"{class_dir}: no .png/.jpg images in this class folder; add images or remove it"
+            )
+        entries.extend((path, label) for path in paths)
+    return entries
+
+
+def _open(image_module: Any, path: Path) -> Any:
+    """Opens an image lazily (header only), with a one-line error naming the file."""
+    try:
+        return image_module.open(path)
+    except (OSError, ValueError, image_module.DecompressionBombError) as exc:
+        raise DPVisionError(f"{path}: cannot read the image ({exc}); fix or remove it") from exc
+
+
+def _pixels(image_module: Any, path: Path, mode: str) -> np.ndarray:
+    """Decodes one image to ``uint8`` ``(H, W, C)`` in ``mode`` (``"L"`` or ``"RGB"``)."""
+    try:
+        with image_module.open(path) as image:
+            converted = image.convert(mode)
+            array = np.asarray(converted, dtype=np.uint8)
+    except (OSError, ValueError, image_module.DecompressionBombError) as exc:
+        raise DPVisionError(f"{path}: cannot decode the image ({exc}); fix or remove it") from exc
+    return array[..., np.newaxis] if array.ndim == 2 else array

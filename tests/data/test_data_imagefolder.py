@@ -1,0 +1,93 @@
+"""Image-folder datasets (``imagefolder:PATH``) read with Pillow."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from dpvision.data import load_dataset
+from dpvision.errors import DPVisionError
+
+
+def _write(path: Path, array: np.ndarray, fmt: str = "PNG") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(array).save(path, format=fmt)
+
+
+def _folder(root: Path, mode: str = "RGB", size: tuple[int, int] = (6, 4)) -> dict:
+    """Writes 2 train + 1 test image per class for classes 'cat' and 'ant' (sorted: ant, cat)."""
+    rng = np.random.default_rng(0)
+    height, width = size
+    shape = (height, width, 3) if mode == "RGB" else (height, width)
+    written: dict = {}
+    for split, count in (("train", 2), ("test", 1)):
+        for cls in ("cat", "ant"):
+            for i in range(count):
+                array = rng.integers(0, 256, shape, dtype=np.uint8)
+                _write(root / split / cls / f"img{i}.png", array)
+                written[(split, cls, i)] = array
+    return written
+
+
+def test_rgb_png_folder(tmp_path: Path) -> None:
+    written = _folder(tmp_path / "ds")
+    (tmp_path / "ds" / "train" / "cat" / "notes.txt").write_text("ignored")
+    ds = load_dataset(f"imagefolder:{tmp_path / 'ds'}")
+    assert ds.class_names == ("ant", "cat")
+    assert ds.num_classes == 2
+    assert ds.train_images.shape == (4, 6, 4, 3)
+    assert ds.test_images.shape == (2, 6, 4, 3)
+    assert ds.train_labels.tolist() == [0, 0, 1, 1]
+    np.testing.assert_array_equal(ds.train_images[2], written[("train", "cat", 0)])
+
+
+def test_grayscale_folder_has_one_channel(tmp_path: Path) -> None:
+    written = _folder(tmp_path / "ds", mode="L")
+    ds = load_dataset(f"imagefolder:{tmp_path / 'ds'}")
+    assert ds.train_images.shape == (4, 6, 4, 1)
+    np.testing.assert_array_equal(ds.test_images[0, ..., 0], written[("test", "ant", 0)])
+
+
+def test_mixed_modes_become_rgb_and_jpeg_is_read(tmp_path: Path) -> None:
+    _folder(tmp_path / "ds", mode="L")
+    _write(tmp_path / "ds" / "test" / "cat" / "extra.JPG", np.zeros((6, 4, 3), np.uint8), "JPEG")
+    ds = load_dataset(f"imagefolder:{tmp_path / 'ds'}")
+    assert ds.train_images.shape[-1] == 3
+    assert ds.num_test == 3
+
+
+def test_size_mismatch_names_both_files(tmp_path: Path) -> None:
+    _folder(tmp_path / "ds")
+    _write(tmp_path / "ds" / "test" / "cat" / "big.png", np.zeros((8, 8, 3), np.uint8))
+    with pytest.raises(DPVisionError, match=r"big\.png: image is 8x8 but .*img0\.png is 4x6"):
+        load_dataset(f"imagefolder:{tmp_path / 'ds'}")
+
+
+def test_missing_test_folder(tmp_path: Path) -> None:
+    _write(tmp_path / "ds" / "train" / "a" / "x.png", np.zeros((2, 2), np.uint8))
+    with pytest.raises(DPVisionError, match=r"ds/test: no such folder"):
+        load_dataset(f"imagefolder:{tmp_path / 'ds'}")
+
+
+def test_test_class_unknown_to_train(tmp_path: Path) -> None:
+    _folder(tmp_path / "ds")
+    _write(tmp_path / "ds" / "test" / "dog" / "x.png", np.zeros((6, 4, 3), np.uint8))
+    with pytest.raises(DPVisionError, match=r"class folder\(s\) dog have no counterpart"):
+        load_dataset(f"imagefolder:{tmp_path / 'ds'}")
+
+
+def test_empty_train_class_folder(tmp_path: Path) -> None:
+    _folder(tmp_path / "ds")
+    (tmp_path / "ds" / "train" / "bee").mkdir()
+    with pytest.raises(DPVisionError, match=r"train/bee: no \.png/\.jpg images"):
+        load_dataset(f"imagefolder:{tmp_path / 'ds'}")
+
+
+def test_corrupt_image_names_the_file(tmp_path: Path) -> None:
+    _folder(tmp_path / "ds")
+    (tmp_path / "ds" / "train" / "ant" / "broken.png").write_bytes(b"\x89PNG not really")
+    with pytest.raises(DPVisionError, match=r"broken\.png: cannot read the image"):
+        load_dataset(f"imagefolder:{tmp_path / 'ds'}")

@@ -126,3 +126,15 @@ def test_entry_validation():
         LedgerEntry(noise_multiplier=1.0, sample_rate=0.0, count=1, released="x")
     with pytest.raises(DPVisionError, match="count"):
         LedgerEntry(noise_multiplier=1.0, sample_rate=1.0, count=0, released="x")
+
+
+def test_non_private_release_makes_epsilon_infinite():
+    import math
+
+    ledger = PrivacyLedger()
+    ledger.record(noise_multiplier=2.0, released="noisy sum")
+    ledger.record_non_private(released="exact Gram matrix (non-private baseline)")
+    assert not ledger.is_private
+    for accountant in ("pld", "rdp", "classic-rdp", "gaussian"):
+        assert math.isinf(ledger.epsilon(1e-5, accountant))
+    assert PrivacyLedger.from_json(ledger.to_json()) == ledger

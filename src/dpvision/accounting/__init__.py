@@ -28,7 +28,7 @@ from dpvision.accounting.calibration import (
     calibrate_steps,
 )
 from dpvision.accounting.events import compose_events, gaussian_event, poisson_gaussian_event
-from dpvision.accounting.gaussian import gaussian_delta, gaussian_epsilon, gdp_mu
+from dpvision.accounting.gaussian import gaussian_delta, gaussian_epsilon, gdp_mu, zcdp_epsilon
 from dpvision.accounting.ledger import LedgerEntry, PrivacyLedger
 
 __all__ = [
@@ -50,4 +50,5 @@ __all__ = [
     "gdp_mu",
     "parse_accountant",
     "poisson_gaussian_event",
+    "zcdp_epsilon",
 ]

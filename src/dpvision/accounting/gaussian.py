@@ -111,3 +111,13 @@ def gaussian_epsilon(*, mu: float, delta: float) -> float:
     while _log_delta(root, mu) > log_target:
         root = math.nextafter(root, math.inf) * (1 + 1e-15)
     return root
+
+
+def zcdp_epsilon(event: dp_accounting.DpEvent, *, delta: float) -> float:
+    """ε from the zCDP bound ρ + 2√(ρ log(1/δ)), with ρ = μ²/2 (Bun & Steinke 2016, Prop. 1.3).
+
+    This is the figure Mehta et al. report for DP-LS, DP-Newton and DP-FC; it is valid but
+    looser than :func:`gaussian_epsilon` on the same event, and is offered for comparison.
+    """
+    rho = gdp_mu(event) ** 2 / 2
+    return rho + 2 * math.sqrt(rho * math.log(1 / delta))

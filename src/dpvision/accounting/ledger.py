@@ -23,6 +23,7 @@ from dpvision.accounting.events import compose_events, gaussian_event, poisson_g
 from dpvision.errors import DPVisionError
 
 LEDGER_FORMAT = "dpvision-ledger/1"
+NON_PRIVATE = "none"
 NEIGHBORING_RELATION = "add_or_remove_one"
 
 
@@ -31,7 +32,8 @@ class LedgerEntry:
     """One kind of release, repeated ``count`` times.
 
     Attributes:
-      mechanism: Always ``"gaussian"``: Gaussian noise on a clipped sum.
+      mechanism: ``"gaussian"`` (Gaussian noise on a clipped sum), or ``"none"`` for a release
+        made without noise (a non-private baseline): its ε is infinite.
       noise_multiplier: σ, the noise std divided by the L2 sensitivity.
       sample_rate: q, the Poisson sampling rate of each release; 1.0 = full batch.
       count: How many times the release ran.
@@ -47,10 +49,14 @@ class LedgerEntry:
     mechanism: str = "gaussian"
 
     def __post_init__(self) -> None:
-        check_noise_multiplier(self.noise_multiplier)
         check_sample_rate(self.sample_rate)
         check_steps(self.count, "count")
-        if self.mechanism != "gaussian":
+        if self.mechanism == NON_PRIVATE:
+            if self.noise_multiplier != 0:
+                raise DPVisionError("a non-private ledger entry must have noise_multiplier 0")
+        elif self.mechanism == "gaussian":
+            check_noise_multiplier(self.noise_multiplier)
+        else:
             raise DPVisionError(f"unknown mechanism {self.mechanism!r} in ledger entry")
         if self.l2_sensitivity is not None and not (
             math.isfinite(self.l2_sensitivity) and self.l2_sensitivity > 0
@@ -64,6 +70,8 @@ class LedgerEntry:
 
     def dp_event(self) -> dp_accounting.DpEvent:
         """The DpEvent of this entry's ``count`` releases."""
+        if self.mechanism == NON_PRIVATE:
+            return dp_accounting.NonPrivateDpEvent()
         if self.sample_rate == 1.0:
             return gaussian_event(noise_multiplier=self.noise_multiplier, count=self.count)
         return poisson_gaussian_event(
@@ -121,6 +129,23 @@ class PrivacyLedger:
                 l2_sensitivity=None if l2_sensitivity is None else float(l2_sensitivity),
             )
         )
+
+    def record_non_private(self, *, released: str, count: int = 1) -> None:
+        """Records a release made *without* noise; the ledger's ε becomes infinite."""
+        self._append(
+            LedgerEntry(
+                noise_multiplier=0.0,
+                sample_rate=1.0,
+                count=int(count),
+                released=released,
+                mechanism=NON_PRIVATE,
+            )
+        )
+
+    @property
+    def is_private(self) -> bool:
+        """False once anything was released without noise."""
+        return all(entry.mechanism != NON_PRIVATE for entry in self._entries)
 
     def extend(self, other: "PrivacyLedger") -> None:
         """Appends every entry of ``other`` (e.g. a later training phase), in order."""

@@ -1,0 +1,172 @@
+"""The shared shape of dpvision's feature learners: scikit-learn estimators with a ledger.
+
+Every learner takes either ``target_epsilon`` (σ is calibrated so the whole fit — including
+private preprocessing passed in as ``prior_ledger`` — meets (ε, δ)) or ``noise_multiplier``
+(σ is fixed and ε is reported). ``target_epsilon=math.inf`` or ``noise_multiplier=0`` turns
+the noise off: the fit is then the non-private baseline and its ledger reports ε = ∞.
+
+After ``fit`` the estimator has ``coef_`` (m, d), ``intercept_`` (m,), ``classes_``,
+``noise_multiplier_``, ``privacy_ledger_`` and ``epsilon_`` (at ``target_delta``).
+"""
+
+import math
+import os
+from typing import Any
+
+import numpy as np
+import torch
+from sklearn.base import BaseEstimator, ClassifierMixin
+
+from dpvision.accounting import (
+    PrivacyLedger,
+    calibrate_noise_multiplier,
+)
+from dpvision.errors import DPVisionError
+from dpvision.learners.statistics import check_features, iter_chunks
+
+
+def make_generator(random_state: int | None) -> torch.Generator:
+    """A torch generator for the noise: seeded when ``random_state`` is given, else from the OS."""
+    seed = random_state if random_state is not None else int.from_bytes(os.urandom(8), "little")
+    return torch.Generator().manual_seed(int(seed) % (2**63))
+
+
+def resolve_noise_multiplier(
+    *,
+    target_epsilon: float | None,
+    target_delta: float,
+    noise_multiplier: float | None,
+    sample_rate: float,
+    steps: int,
+    prior_ledger: PrivacyLedger,
+    accountant: str | None,
+) -> float | None:
+    """σ for ``steps`` releases at ``sample_rate``; None means the noise is off.
+
+    Exactly one of ``target_epsilon`` and ``noise_multiplier`` must be given. With a target,
+    σ is calibrated for the composition of ``prior_ledger`` and the new releases.
+    """
+    if (target_epsilon is None) == (noise_multiplier is None):
+        raise DPVisionError("give exactly one of target_epsilon and noise_multiplier")
+    if noise_multiplier is not None:
+        if noise_multiplier == 0:
+            return None
+        if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
+            raise DPVisionError(f"noise_multiplier must be >= 0 and finite, got {noise_multiplier}")
+        return float(noise_multiplier)
+    assert target_epsilon is not None
+    if math.isinf(target_epsilon) and target_epsilon > 0:
+        return None
+    prior = prior_ledger.dp_event() if len(prior_ledger) else None
+    if prior is not None and not prior_ledger.is_private:
+        raise DPVisionError("a non-private step already ran, so no finite ε target can be met")
+    return calibrate_noise_multiplier(
+        target_epsilon=target_epsilon,
+        target_delta=target_delta,
+        sample_rate=sample_rate,
+        steps=steps,
+        accountant=accountant,
+        preceding_event=prior,
+    )
+
+
+class DPLinearClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
+    """Base class: a linear classifier over features, trained under differential privacy.
+
+    Subclasses implement ``_releases(n, d, m)`` (how many Gaussian releases, at which sample
+    rate, the fit makes: the accounting of their theorem) and ``_fit_private``.
+    """
+
+    # Subclasses set these as constructor keywords (scikit-learn style).
+    target_epsilon: float | None
+    target_delta: float
+    noise_multiplier: float | None
+    accountant: str | None
+    random_state: int | None
+    num_classes: int | None
+    chunk_size: int
+
+    def _releases(self, n: int, d: int, m: int) -> tuple[int, float]:
+        """(number of Gaussian releases at one common σ, their Poisson sample rate)."""
+        raise NotImplementedError  # abstract: every concrete learner overrides it
+
+    def _fit_private(
+        self,
+        features: np.ndarray,
+        labels: np.ndarray,
+        num_classes: int,
+        sigma: float | None,
+        ledger: PrivacyLedger,
+        generator: torch.Generator,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError  # abstract: every concrete learner overrides it
+
+    def fit(
+        self, X: np.ndarray, y: np.ndarray, *, prior_ledger: PrivacyLedger | None = None
+    ) -> "DPLinearClassifier":
+        """Trains on features ``X`` (n, d) — an array or a memory map — and labels ``y``.
+
+        Privacy:
+          Releases the model (and records every noisy statistic in ``privacy_ledger_``).
+          The label set {0, …, m−1} and the number of examples n are treated as public, as in
+          the papers; pass ``num_classes`` to fix m in advance. ``prior_ledger`` holds what
+          already ran on the same data (e.g. private normalisation) and counts against
+          ``target_epsilon``.
+        """
+        y = np.asarray(y)
+        if not np.issubdtype(y.dtype, np.integer):
+            raise DPVisionError(f"labels must be integers 0..m-1, got dtype {y.dtype}")
+        num_classes = self.num_classes if self.num_classes is not None else int(y.max()) + 1
+        check_features(X, y, num_classes)
+        n, d = X.shape
+        ledger = PrivacyLedger(prior_ledger.entries if prior_ledger is not None else ())
+        count, sample_rate = self._releases(n, d, num_classes)
+        sigma = resolve_noise_multiplier(
+            target_epsilon=self.target_epsilon,
+            target_delta=self.target_delta,
+            noise_multiplier=self.noise_multiplier,
+            sample_rate=sample_rate,
+            steps=count,
+            prior_ledger=ledger,
+            accountant=self.accountant,
+        )
+        coef, intercept = self._fit_private(
+            X, y, num_classes, sigma, ledger, make_generator(self.random_state)
+        )
+        self.coef_ = coef.to(torch.float64).numpy()
+        self.intercept_ = intercept.to(torch.float64).numpy()
+        self.classes_ = np.arange(num_classes)
+        self.n_features_in_ = d
+        self.noise_multiplier_ = sigma
+        self.privacy_ledger_ = ledger
+        self.epsilon_ = ledger.epsilon(self.target_delta, self.accountant)
+        return self
+
+    def decision_function(self, X: np.ndarray) -> np.ndarray:
+        """Scores (n, m) = X·coefᵀ + intercept, computed in chunks."""
+        if not hasattr(self, "coef_"):
+            raise DPVisionError("this model is not fitted yet: call fit first")
+        if getattr(X, "ndim", None) != 2 or X.shape[1] != self.n_features_in_:
+            raise DPVisionError(
+                f"expected features of shape (n, {self.n_features_in_}), got "
+                f"{getattr(X, 'shape', None)}"
+            )
+        coef = torch.from_numpy(self.coef_)
+        intercept = torch.from_numpy(self.intercept_)
+        scores = [x @ coef.T + intercept for x, _ in iter_chunks(X, chunk_size=self.chunk_size)]
+        return torch.cat(scores).numpy()
+
+    def predict(self, X: np.ndarray) -> np.ndarray:
+        return np.asarray(self.classes_[self.decision_function(X).argmax(axis=1)])
+
+    def privacy_report(self) -> dict[str, Any]:
+        """ε, δ, accountant and ledger of the fit, ready for a result JSON."""
+        if not hasattr(self, "privacy_ledger_"):
+            raise DPVisionError("this model is not fitted yet: call fit first")
+        return {
+            "epsilon": self.epsilon_,
+            "delta": self.target_delta,
+            "accountant": self.accountant or "auto",
+            "noise_multiplier": self.noise_multiplier_,
+            "privacy_ledger": self.privacy_ledger_.to_dict(),
+        }

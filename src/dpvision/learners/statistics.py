@@ -1,0 +1,107 @@
+"""Clipped sufficient statistics of a feature matrix, accumulated in chunks.
+
+The feature matrix may be a NumPy array or a memory-mapped one larger than RAM (e.g. a
+cached ``.npy`` opened with ``mmap_mode="r"``): rows are read ``chunk_size`` at a time and
+only d×d (and m×d×d) accumulators stay in memory.
+
+These functions compute *exact* statistics of private data; they release nothing. The
+learners add noise calibrated to the sensitivities stated here before anything leaves.
+"""
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from dpvision.errors import DPVisionError
+
+DEFAULT_CHUNK_SIZE = 16384
+
+
+def iter_chunks(
+    features: np.ndarray, labels: np.ndarray | None = None, *, chunk_size: int = DEFAULT_CHUNK_SIZE
+) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+    """Yields (float64 features, int64 labels) tensors of at most ``chunk_size`` rows."""
+    for start in range(0, len(features), chunk_size):
+        x = torch.from_numpy(np.array(features[start : start + chunk_size], dtype=np.float64))
+        y = (
+            None
+            if labels is None
+            else torch.from_numpy(np.asarray(labels[start : start + chunk_size], dtype=np.int64))
+        )
+        yield x, y
+
+
+def clip_rows(x: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """Scales each row to L2 norm at most ``max_norm``: x · min(1, C/‖x‖).
+
+    Rows that are not finite are zeroed (they then contribute nothing, which keeps every
+    sensitivity bound valid).
+    """
+    finite = torch.isfinite(x).all(dim=1, keepdim=True)
+    x = torch.where(finite, x, torch.zeros_like(x))
+    norms = torch.linalg.vector_norm(x, dim=1, keepdim=True)
+    return x * torch.clamp(max_norm / norms.clamp_min(1e-30), max=1.0)
+
+
+def check_features(features: np.ndarray, labels: np.ndarray, num_classes: int) -> None:
+    """One-line errors for inputs no learner can use."""
+    if getattr(features, "ndim", None) != 2:
+        raise DPVisionError(
+            f"features must be a 2-D array (examples × features), got shape "
+            f"{getattr(features, 'shape', None)}"
+        )
+    if len(features) != len(labels):
+        raise DPVisionError(f"{len(features)} feature rows but {len(labels)} labels")
+    if len(features) == 0:
+        raise DPVisionError("no training examples")
+    labels = np.asarray(labels)
+    if labels.min() < 0 or labels.max() >= num_classes:
+        raise DPVisionError(
+            f"labels must be integers in [0, {num_classes}), got {labels.min()}..{labels.max()}"
+        )
+
+
+@dataclass
+class GramStatistics:
+    """Exact (not yet private) sums over clipped features x̃ᵢ = clip(xᵢ, C).
+
+    Attributes:
+      gram: G = Σᵢ x̃ᵢx̃ᵢᵀ, (d, d). Changes by x̃x̃ᵀ, Frobenius norm ≤ C², per example.
+      class_grams: Aⱼ = Σ_{i: yᵢ=j} x̃ᵢx̃ᵢᵀ, (m, d, d), or None when not requested. With one
+        label per example, the stack changes by ≤ C² in Frobenius norm.
+      class_sums: bⱼ = Σ_{i: yᵢ=j} x̃ᵢ, (m, d). The stack changes by ≤ C in L2 norm.
+      count: n, the number of examples (treated as public, as in all four papers).
+    """
+
+    gram: torch.Tensor
+    class_grams: torch.Tensor | None
+    class_sums: torch.Tensor
+    count: int
+
+
+def gram_statistics(
+    features: np.ndarray,
+    labels: np.ndarray,
+    *,
+    num_classes: int,
+    clip_norm: float,
+    class_grams: bool,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> GramStatistics:
+    """Accumulates G, Aⱼ (optional) and bⱼ over clipped features, in float64, chunk by chunk."""
+    d = features.shape[1]
+    gram = torch.zeros(d, d, dtype=torch.float64)
+    grams = torch.zeros(num_classes, d, d, dtype=torch.float64) if class_grams else None
+    sums = torch.zeros(num_classes, d, dtype=torch.float64)
+    for x, y in iter_chunks(features, labels, chunk_size=chunk_size):
+        assert y is not None
+        x = clip_rows(x, clip_norm)
+        gram.addmm_(x.T, x)
+        sums.index_add_(0, y, x)
+        if grams is not None:
+            for j in torch.unique(y).tolist():
+                xj = x[y == j]
+                grams[j].addmm_(xj.T, xj)
+    return GramStatistics(gram=gram, class_grams=grams, class_sums=sums, count=len(features))

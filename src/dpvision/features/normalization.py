@@ -78,7 +78,8 @@ class PrivateNormalizer:
 
     Args:
       channels: K, the number of channels.
-      noise_multiplier: σ_norm for each of the two releases (Tramèr & Boneh use 8).
+      noise_multiplier: σ_norm for each of the two releases (Tramèr & Boneh use 8); 0 computes
+        the exact statistics and records a non-private release (ε = ∞).
       mean_clip: τ_m, the L2 bound on each example's per-channel spatial-mean vector.
       square_clip: τ_s, the L2 bound on each example's per-channel mean-of-squares vector.
       eps: added to the variance before the square root.
@@ -116,23 +117,26 @@ class PrivateNormalizer:
             )
             mean_sum += _clip(x.mean(dim=2), self.mean_clip).sum(dim=0)
             square_sum += _clip((x * x).mean(dim=2), self.square_clip).sum(dim=0)
-        common = {
-            "noise_multiplier": self.noise_multiplier,
-            "ledger": ledger,
-            "generator": generator,
-        }
-        mean_sum = release_gaussian(
-            mean_sum,
-            l2_sensitivity=self.mean_clip,
-            released="PrivDataNorm per-channel means",
-            **common,
-        )
-        square_sum = release_gaussian(
-            square_sum,
-            l2_sensitivity=self.square_clip,
-            released="PrivDataNorm per-channel mean squares",
-            **common,
-        )
+        if self.noise_multiplier == 0:  # the non-private baseline: exact statistics
+            ledger.record_non_private(released="per-channel means and mean squares (noise off)")
+        else:
+            common = {
+                "noise_multiplier": self.noise_multiplier,
+                "ledger": ledger,
+                "generator": generator,
+            }
+            mean_sum = release_gaussian(
+                mean_sum,
+                l2_sensitivity=self.mean_clip,
+                released="PrivDataNorm per-channel means",
+                **common,
+            )
+            square_sum = release_gaussian(
+                square_sum,
+                l2_sensitivity=self.square_clip,
+                released="PrivDataNorm per-channel mean squares",
+                **common,
+            )
         self.mean_ = (mean_sum / n).numpy()
         self.var_ = np.maximum((square_sum / n).numpy() - self.mean_**2, 0.0)
         return self
@@ -163,7 +167,7 @@ class PrivateCentering:
 
     Args:
       clip_norm: C, the L2 bound on each feature vector for the mean.
-      noise_multiplier: σ of the release.
+      noise_multiplier: σ of the release; 0 uses the exact mean (recorded as non-private).
 
     Privacy:
       One full-batch Gaussian release: Σᵢ clip(xᵢ, C) + N(0, (σC)² I), L2 sensitivity C
@@ -185,14 +189,17 @@ class PrivateCentering:
         for start in range(0, n, _CHUNK):
             x = torch.from_numpy(np.asarray(features[start : start + _CHUNK], np.float64))
             total += _clip(x, self.clip_norm).sum(dim=0)
-        total = release_gaussian(
-            total,
-            l2_sensitivity=self.clip_norm,
-            noise_multiplier=self.noise_multiplier,
-            ledger=ledger,
-            released="feature mean for centering",
-            generator=generator,
-        )
+        if self.noise_multiplier == 0:  # the non-private baseline: the exact mean
+            ledger.record_non_private(released="feature mean for centering (noise off)")
+        else:
+            total = release_gaussian(
+                total,
+                l2_sensitivity=self.clip_norm,
+                noise_multiplier=self.noise_multiplier,
+                ledger=ledger,
+                released="feature mean for centering",
+                generator=generator,
+            )
         self.mean_ = (total / n).numpy().astype(np.float32)
         return self
 

@@ -15,9 +15,9 @@ import torch
 from dpvision.accounting import PrivacyLedger
 from dpvision.errors import DPVisionError
 from dpvision.learners.base import DPLinearClassifier
-from dpvision.learners.dp_sgd_linear import clipped_gradient_sum, loss_gradient
+from dpvision.learners.dp_sgd_linear import clipped_gradient_sum, loss_gradient, row_sq_norms
 from dpvision.learners.linalg import psd_project, symmetrize
-from dpvision.learners.statistics import DEFAULT_CHUNK_SIZE, gram_statistics, iter_chunks
+from dpvision.learners.statistics import DEFAULT_CHUNK_SIZE, gram_statistics
 from dpvision.mechanisms import release_gaussian
 
 
@@ -118,12 +118,24 @@ class DPFeatureCovariance(DPLinearClassifier):
         weight = torch.zeros(num_classes, d, dtype=torch.float64)
         bias = torch.full((num_classes,), float(self.bias), dtype=torch.float64)
         self.nonfinite_gradients_ = 0
+        sq_norms = row_sq_norms(features, self.chunk_size)
         for _ in range(int(self.epochs)):
             grad = torch.zeros_like(weight)
-            for x, y in iter_chunks(features, labels, chunk_size=self.chunk_size):
-                assert y is not None
+            for start in range(0, n, self.chunk_size):
+                x = torch.from_numpy(
+                    np.array(features[start : start + self.chunk_size], dtype=np.float64)
+                )
+                y = torch.from_numpy(
+                    np.asarray(labels[start : start + self.chunk_size], dtype=np.int64)
+                )
                 errors = loss_gradient(x @ weight.T + bias, y, "sigmoid") / num_classes
-                gw, _, bad = clipped_gradient_sum(x, errors, self.clip_norm, fit_intercept=False)
+                gw, _, bad = clipped_gradient_sum(
+                    x,
+                    errors,
+                    self.clip_norm,
+                    fit_intercept=False,
+                    sq_norms=sq_norms[start : start + len(x)],
+                )
                 grad += gw
                 self.nonfinite_gradients_ += bad
             if sigma is None:

@@ -15,7 +15,7 @@ import torch
 from dpvision.accounting import PrivacyLedger
 from dpvision.errors import DPVisionError
 from dpvision.learners.base import DPLinearClassifier
-from dpvision.learners.statistics import DEFAULT_CHUNK_SIZE, iter_chunks
+from dpvision.learners.statistics import DEFAULT_CHUNK_SIZE
 from dpvision.mechanisms import release_gaussian
 
 LOSSES = ("softmax", "sigmoid")
@@ -31,26 +31,59 @@ def loss_gradient(scores: torch.Tensor, labels: torch.Tensor, loss: str) -> torc
 
 
 def clipped_gradient_sum(
-    x: torch.Tensor, errors: torch.Tensor, clip_norm: float, *, fit_intercept: bool
+    x: torch.Tensor,
+    errors: torch.Tensor,
+    clip_norm: float,
+    *,
+    fit_intercept: bool,
+    sq_norms: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Σᵢ clip(gᵢ, C) for the linear head, with gᵢ = eᵢ[xᵢ; 1]ᵀ, via one GEMM.
 
-    Returns (weight-gradient sum (m, d), bias-gradient sum (m,), number of non-finite
-    per-example gradients that were zeroed). Each example contributes at most C in L2 norm.
+    Args:
+      x: (b, d) features; errors: (b, m) loss gradients eᵢ.
+      clip_norm: C.
+      fit_intercept: whether gᵢ includes the bias part eᵢ.
+      sq_norms: ‖xᵢ‖² if already known (saves a pass over x).
+
+    Returns:
+      (weight-gradient sum (m, d), bias-gradient sum (m,), number of non-finite per-example
+      gradients, which were zeroed). Each example contributes at most C in L2 norm (pass
+      float64 tensors: in float32, rounding can exceed C by ~1e-6 relative).
     """
-    x_sq = (x * x).sum(dim=1) + (1.0 if fit_intercept else 0.0)
-    norms = torch.linalg.vector_norm(errors, dim=1) * torch.sqrt(x_sq)
-    finite = torch.isfinite(norms) & torch.isfinite(x).all(dim=1) & torch.isfinite(errors).all(1)
-    scale = torch.where(
-        finite, torch.clamp(clip_norm / norms.clamp_min(1e-30), max=1.0), torch.zeros_like(norms)
-    )
-    weighted = torch.where(finite.unsqueeze(1), errors, torch.zeros_like(errors)) * scale[:, None]
-    x = torch.where(finite.unsqueeze(1), x, torch.zeros_like(x))
-    grad_w = weighted.T @ x
-    grad_b = (
-        weighted.sum(dim=0) if fit_intercept else torch.zeros(errors.shape[1], dtype=errors.dtype)
-    )
-    return grad_w, grad_b, int((~finite).sum())
+    if sq_norms is None:
+        sq_norms = (x * x).sum(dim=1)
+    sq_norms = sq_norms.to(errors.dtype) + (1.0 if fit_intercept else 0.0)
+    norms = torch.linalg.vector_norm(errors, dim=1) * torch.sqrt(sq_norms)
+    finite = torch.isfinite(norms)  # a non-finite entry of xᵢ or eᵢ makes its norm non-finite
+    bad = int((~finite).sum())
+    scale = torch.clamp(clip_norm / norms.clamp_min(1e-30), max=1.0)
+    if bad:
+        scale = torch.where(finite, scale, torch.zeros_like(scale))
+        x = torch.where(finite.unsqueeze(1), x, torch.zeros_like(x))
+        errors = torch.where(finite.unsqueeze(1), errors, torch.zeros_like(errors))
+    weighted = errors * scale[:, None]
+    grad_w = (weighted.T @ x).to(torch.float64)
+    if fit_intercept:
+        grad_b = weighted.sum(dim=0, dtype=torch.float64)
+    else:
+        grad_b = torch.zeros(errors.shape[1], dtype=torch.float64)
+    return grad_w, grad_b, bad
+
+
+def row_sq_norms(features: np.ndarray, chunk_size: int = DEFAULT_CHUNK_SIZE) -> torch.Tensor:
+    """‖xᵢ‖² of every row, in float64, one chunk at a time (non-finite rows give inf/nan)."""
+    out = torch.empty(len(features), dtype=torch.float64)
+    for start in range(0, len(features), chunk_size):
+        chunk = np.asarray(features[start : start + chunk_size], dtype=np.float64)
+        out[start : start + len(chunk)] = torch.from_numpy(np.einsum("ij,ij->i", chunk, chunk))
+    return out
+
+
+def _rows(features: np.ndarray, index: np.ndarray) -> torch.Tensor:
+    # float64 throughout: in float32 the clipped contribution of one example was measured
+    # to exceed C by 4e-6 (relative), which would break the stated sensitivity.
+    return torch.from_numpy(np.array(features[index], dtype=np.float64))
 
 
 class DPSGDLinear(DPLinearClassifier):
@@ -159,20 +192,25 @@ class DPSGDLinear(DPLinearClassifier):
         )
         state: dict[str, torch.Tensor] = {}
         sampler = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator)))
+        sq_norms = row_sq_norms(features, self.chunk_size)
+        all_rows = np.arange(n)
         self.nonfinite_gradients_ = 0
         for step in range(steps):
-            if q < 1:
-                index = np.flatnonzero(sampler.random(n) < q)  # Poisson: each row independently
-                batch_x, batch_y = features[index], labels[index]
-            else:
-                batch_x, batch_y = features, labels
+            # Poisson sampling: every example joins independently with probability q.
+            batch = np.flatnonzero(sampler.random(n) < q) if q < 1 else all_rows
             grad_w = torch.zeros_like(weight)
             grad_b = torch.zeros_like(bias)
-            for x, y in iter_chunks(batch_x, batch_y, chunk_size=self.chunk_size):
-                assert y is not None
+            for start in range(0, len(batch), self.chunk_size):
+                index = batch[start : start + self.chunk_size]
+                x = _rows(features, index)
+                y = torch.from_numpy(np.asarray(labels[index], dtype=np.int64))
                 errors = loss_gradient(x @ weight.T + bias, y, self.loss)
                 gw, gb, bad = clipped_gradient_sum(
-                    x, errors, self.clip_norm, fit_intercept=self.fit_intercept
+                    x,
+                    errors,
+                    self.clip_norm,
+                    fit_intercept=self.fit_intercept,
+                    sq_norms=sq_norms[torch.from_numpy(index)],
                 )
                 grad_w += gw
                 grad_b += gb

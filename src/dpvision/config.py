@@ -1,0 +1,251 @@
+"""Run configuration: one frozen dataclass, filled from TOML, flags and ``--set`` overrides.
+
+A TOML file looks like::
+
+    dataset = "fashion-mnist"
+    method = "dp-sgd-linear"
+    features = "scatternet"
+    epsilon = 3.0
+    delta = 1e-5
+    seed = 0
+
+    [preprocessing]
+    kind = "group-norm"        # none | group-norm | private-norm | center
+    groups = 27
+
+    [learner]                  # keyword arguments of the learner's estimator
+    clip_norm = 0.1
+    batch_size = 8192
+    epochs = 40
+    learning_rate = 16.0
+
+``--set key=value`` overrides any field, dotted for tables (``--set learner.epochs=20``,
+``--set preprocessing.kind=none``); values are parsed as TOML (``--set epsilon=inf``).
+Unknown keys, wrong types and out-of-range values are one-line errors naming the field.
+"""
+
+import dataclasses
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dpvision.errors import DPVisionError
+
+METHODS = ("dp-ls", "dp-newton", "dp-fc", "dp-sgd-linear")
+PREPROCESSING = ("none", "group-norm", "private-norm", "center")
+
+
+@dataclass(frozen=True)
+class PreprocessingConfig:
+    """How features are normalised before the learner (see :mod:`dpvision.features.normalization`).
+
+    Attributes:
+      kind: ``none``; ``group-norm`` (per example, free); ``private-norm`` (PrivDataNorm,
+        private per-channel mean/variance); ``center`` (private mean centering).
+      groups: channel groups for ``group-norm``.
+      channels: channels of the feature layout (``None``: 81·C for scatternet, C for pixels).
+      noise_multiplier: σ of each private statistic (``private-norm``, ``center``).
+      mean_clip, square_clip: PrivDataNorm's public clipping thresholds τ_m, τ_s.
+      clip_norm: the feature clipping norm for ``center``.
+    """
+
+    kind: str = "none"
+    groups: int = 27
+    channels: int | None = None
+    noise_multiplier: float = 8.0
+    mean_clip: float = 1.0
+    square_clip: float = 1.0
+    clip_norm: float = 1.0
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything ``dpvision train`` needs; the resolved copy is written into the result JSON.
+
+    Attributes:
+      dataset: a dataset name (``digits``, ``fashion-mnist``, …, ``npz:PATH``).
+      data_dir: where its files are (``None``: the standard lookup order).
+      method: ``dp-ls``, ``dp-newton``, ``dp-fc`` or ``dp-sgd-linear``.
+      features: a feature spec (``pixels``, ``scatternet``, ``scatternet:pool=2``, …).
+      epsilon: the target ε of the whole run (``inf``: no noise); or give noise_multiplier.
+      delta: the target δ.
+      noise_multiplier: σ instead of a target ε (``0``: no noise).
+      accountant: ``pld``, ``rdp``, ``gaussian``, ``classic-rdp`` or ``None`` (tightest valid).
+      seed: seeds the noise and any sampling.
+      preprocessing: see :class:`PreprocessingConfig`.
+      learner: keyword arguments of the learner's estimator (validated against it).
+    """
+
+    dataset: str = "digits"
+    data_dir: str | None = None
+    method: str = "dp-ls"
+    features: str = "pixels"
+    epsilon: float | None = 3.0
+    delta: float = 1e-5
+    noise_multiplier: float | None = None
+    accountant: str | None = None
+    seed: int = 0
+    preprocessing: PreprocessingConfig = field(default_factory=PreprocessingConfig)
+    learner: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return {f.name: f.type for f in dataclasses.fields(cls)}
+
+
+_NUMBER_FIELDS = {"epsilon", "delta", "noise_multiplier", "mean_clip", "square_clip", "clip_norm"}
+_INT_FIELDS = {"seed", "groups", "channels"}
+_OPTIONAL = {"data_dir", "epsilon", "noise_multiplier", "accountant", "channels"}
+
+
+def _coerce(name: str, value: Any, where: str) -> Any:
+    if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+        if name in _OPTIONAL:
+            return None
+        raise DPVisionError(f"{where}: {name} cannot be empty")
+    if name in _NUMBER_FIELDS or name == "noise_multiplier":
+        if isinstance(value, bool):
+            raise DPVisionError(f"{where}: {name} must be a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise DPVisionError(f"{where}: {name} must be a number, got {value!r}") from None
+    if name in _INT_FIELDS:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise DPVisionError(f"{where}: {name} must be a whole number, got {value!r}")
+        return value
+    if not isinstance(value, str):
+        raise DPVisionError(f"{where}: {name} must be a string, got {value!r}")
+    return value
+
+
+def _build(cls: type, raw: dict[str, Any], where: str) -> Any:
+    known = _field_types(cls)
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in known:
+            raise DPVisionError(
+                f"{where}: unknown key {key!r}; valid keys: {', '.join(sorted(known))}"
+            )
+        if key == "preprocessing":
+            if not isinstance(value, dict):
+                raise DPVisionError(f"{where}: [preprocessing] must be a table")
+            values[key] = _build(PreprocessingConfig, value, f"{where} [preprocessing]")
+        elif key == "learner":
+            if not isinstance(value, dict):
+                raise DPVisionError(f"{where}: [learner] must be a table")
+            values[key] = dict(value)
+        else:
+            values[key] = _coerce(key, value, where)
+    return cls(**values)
+
+
+def validate(config: TrainConfig) -> TrainConfig:
+    """Range checks with one-line messages naming the field and what is allowed."""
+    from dpvision.learners import LEARNERS
+
+    if config.method not in METHODS:
+        raise DPVisionError(
+            f"unknown method {config.method!r}; choose one of: {', '.join(METHODS)}"
+        )
+    if config.epsilon is not None and not (config.epsilon > 0):
+        raise DPVisionError(f"epsilon must be > 0 (or inf for no noise), got {config.epsilon}")
+    if config.epsilon is None and config.noise_multiplier is None:
+        raise DPVisionError("give epsilon (a target) or noise_multiplier")
+    if config.epsilon is not None and config.noise_multiplier is not None:
+        raise DPVisionError("give only one of epsilon and noise_multiplier")
+    if config.noise_multiplier is not None and not (
+        config.noise_multiplier >= 0 and math.isfinite(config.noise_multiplier)
+    ):
+        raise DPVisionError(f"noise_multiplier must be >= 0, got {config.noise_multiplier}")
+    if not 0 < config.delta < 1:
+        raise DPVisionError(f"delta must be in (0, 1), got {config.delta}")
+    if config.preprocessing.kind not in PREPROCESSING:
+        raise DPVisionError(
+            f"unknown preprocessing.kind {config.preprocessing.kind!r}; choose one of: "
+            f"{', '.join(PREPROCESSING)}"
+        )
+    if config.accountant is not None:
+        from dpvision.accounting import parse_accountant
+
+        parse_accountant(config.accountant)
+    allowed = set(LEARNERS[config.method]().get_params()) - {
+        "target_epsilon",
+        "target_delta",
+        "noise_multiplier",
+        "accountant",
+        "random_state",
+    }
+    for key in config.learner:
+        if key not in allowed:
+            raise DPVisionError(
+                f"unknown learner option {key!r} for {config.method}; valid: "
+                f"{', '.join(sorted(allowed))}"
+            )
+    return config
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Reads a TOML file; a missing or malformed file is a one-line error."""
+    path = Path(path)
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise DPVisionError(f"config file {path} not found") from None
+    except tomllib.TOMLDecodeError as error:
+        raise DPVisionError(f"{path} is not valid TOML: {error}") from None
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``a.b=value`` → (["a", "b"], value parsed as TOML, or the raw string)."""
+    if "=" not in text:
+        raise DPVisionError(f"--set expects key=value, got {text!r}")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    if not key:
+        raise DPVisionError(f"--set expects key=value, got {text!r}")
+    try:
+        value = tomllib.loads(f"v = {raw.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = raw.strip()
+    return key.split("."), value
+
+
+def resolve(
+    file: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    sets: list[str] | None = None,
+) -> TrainConfig:
+    """Builds the config: defaults < TOML file < flags (``overrides``) < ``--set`` items."""
+    raw: dict[str, Any] = load_toml(file) if file is not None else {}
+    where = str(file) if file is not None else "config"
+    if "noise_multiplier" in raw and "epsilon" not in raw:
+        raw["epsilon"] = None  # the file chose a fixed σ over the default target
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            _assign(raw, [key], value, f"--{key.replace('_', '-')}")
+    for item in sets or []:
+        path, value = parse_override(item)
+        _assign(raw, path, value, f"--set {item}")
+    return validate(_build(TrainConfig, raw, where))
+
+
+# A target ε and a fixed σ exclude each other: whichever is given later wins.
+_ALTERNATIVE = {"epsilon": "noise_multiplier", "noise_multiplier": "epsilon"}
+
+
+def _assign(raw: dict[str, Any], path: list[str], value: Any, source: str) -> None:
+    node = raw
+    for part in path[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise DPVisionError(f"{source}: {part} is not a table")
+    node[path[-1]] = value
+    if len(path) == 1 and path[0] in _ALTERNATIVE:
+        raw[_ALTERNATIVE[path[0]]] = None

@@ -1,0 +1,68 @@
+"""Data-independent image features: raw pixels and ScatterNet, with an on-disk cache.
+
+>>> import numpy as np
+>>> from dpvision.features import extract_features, parse_feature_spec
+>>> images = np.random.default_rng(0).integers(0, 256, (4, 28, 28, 1), dtype=np.uint8)
+>>> extract_features(images, parse_feature_spec("scatternet"), progress=False).shape
+(4, 3969)
+>>> extract_features(images, parse_feature_spec("pixels:pool=2"), progress=False).shape
+(4, 196)
+
+A :class:`FeatureSpec` (text form ``name:key=value,...``, :func:`parse_feature_spec`) names an
+extractor (``pixels`` or ``scatternet``) and the reductions after it: spatial average pooling,
+flattening and a seeded Gaussian random projection. :func:`extract_features` runs it in
+batches; :func:`load_or_extract` returns a dataset's train and test features from the feature
+cache (``$DPVISION_CACHE``, else ``~/.cache/dpvision/features``), extracting them on a miss.
+
+Privacy: every extractor and reduction here is a fixed per-example function that uses no
+statistic of the data, so extraction costs no privacy budget. Data-dependent steps (feature
+clipping, private normalisation) live elsewhere and are accounted there.
+
+Importing this package does not import torch or kymatio; extraction does.
+"""
+
+from dpvision.features.cache import (
+    ENV_CACHE,
+    cache_key,
+    dataset_fingerprint,
+    default_cache_dir,
+    load_or_extract,
+)
+from dpvision.features.extractors import (
+    FEATURE_VERSION,
+    extract_features,
+    extract_into,
+    feature_shape,
+)
+from dpvision.features.progress import Progress
+from dpvision.features.reductions import average_pool, projection_matrix
+from dpvision.features.scatternet import IMAGENET_MEAN, IMAGENET_STD, scatter, scattering_channels
+from dpvision.features.spec import (
+    FEATURE_NAMES,
+    FeatureSpec,
+    format_feature_spec,
+    parse_feature_spec,
+)
+
+__all__ = [
+    "ENV_CACHE",
+    "FEATURE_NAMES",
+    "FEATURE_VERSION",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "FeatureSpec",
+    "Progress",
+    "average_pool",
+    "cache_key",
+    "dataset_fingerprint",
+    "default_cache_dir",
+    "extract_features",
+    "extract_into",
+    "feature_shape",
+    "format_feature_spec",
+    "load_or_extract",
+    "parse_feature_spec",
+    "projection_matrix",
+    "scatter",
+    "scattering_channels",
+]

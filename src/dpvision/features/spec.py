@@ -1,0 +1,198 @@
+"""What to extract: the :class:`FeatureSpec` and its text form ``name:key=value,...``.
+
+A spec names a data-independent extractor and the data-independent reductions applied after
+it. Its fields are the whole description of the features, so they also form the cache key
+(:mod:`dpvision.features.cache`).
+
+>>> spec = parse_feature_spec("scatternet:pool=2")
+>>> spec.name, spec.pool, spec.flatten, (spec.scales, spec.angles, spec.max_order)
+('scatternet', 2, True, (2, 8, 2))
+>>> format_feature_spec(parse_feature_spec("pixels:projection_dim=256,projection_seed=1"))
+'pixels:projection_dim=256,projection_seed=1'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from dpvision.errors import DPVisionError
+
+__all__ = ["FEATURE_NAMES", "FeatureSpec", "format_feature_spec", "parse_feature_spec"]
+
+FEATURE_NAMES: tuple[str, ...] = ("pixels", "scatternet")
+"""The extractors that :class:`FeatureSpec` can name."""
+
+_SCATTERNET_ONLY = ("scales", "angles", "max_order")
+
+
+@dataclass(frozen=True)
+class FeatureSpec:
+    """A data-independent feature extractor followed by data-independent reductions.
+
+    The pipeline is: extractor -> spatial average pooling (``pool``) -> flatten ->
+    Gaussian random projection (``projection_dim``). Feature maps are channels-first
+    ``(K, h, w)``; flattening keeps that order (for ``pixels``, ``K`` is the image's ``C``).
+
+    Privacy:
+        Every stage is a fixed function of one image (and, for the projection, of the public
+        ``projection_seed``); none looks at any statistic of the dataset. Extracting features
+        therefore releases nothing and costs no privacy budget; the features are exactly as
+        private as the images they come from.
+
+    Attributes:
+        name: ``"pixels"`` (``[0, 1]`` pixels) or ``"scatternet"`` (2-D scattering transform).
+        pool: Window (and stride) of the spatial average pooling; 1 means no pooling. Windows
+            that overhang the border average the positions they cover.
+        projection_dim: If set, project the flattened features to this many dimensions with
+            a seeded Gaussian matrix (see :func:`dpvision.features.projection_matrix`).
+        projection_seed: Seed of the projection matrix (public, chosen before seeing data).
+        flatten: Return ``(N, D)`` vectors (``True``) or ``(N, K, h, w)`` maps (``False``).
+        scales: ScatterNet only: number of scales ``J``; the maps are ``H / 2**J`` wide.
+        angles: ScatterNet only: number of orientations ``L``.
+        max_order: ScatterNet only: scattering order, 1 or 2.
+    """
+
+    name: str
+    pool: int = 1
+    projection_dim: int | None = None
+    projection_seed: int = 0
+    flatten: bool = True
+    scales: int = 2
+    angles: int = 8
+    max_order: int = 2
+
+    def __post_init__(self) -> None:
+        """Validates the fields.
+
+        Raises:
+            DPVisionError: If a field is out of range or does not apply to the extractor.
+        """
+        if self.name not in FEATURE_NAMES:
+            raise DPVisionError(
+                f"unknown features {self.name!r}; choose one of: {', '.join(FEATURE_NAMES)}"
+            )
+        _check_int("pool", self.pool, minimum=1)
+        if self.projection_dim is not None:
+            _check_int("projection_dim", self.projection_dim, minimum=1)
+            if not self.flatten:
+                raise DPVisionError(
+                    "projection_dim needs flatten=True (a projection returns vectors); "
+                    "drop one of the two"
+                )
+        _check_int("projection_seed", self.projection_seed, minimum=0)
+        if not isinstance(self.flatten, bool):
+            raise DPVisionError(f"flatten must be true or false, got {self.flatten!r}")
+        _check_int("scales", self.scales, minimum=1)
+        _check_int("angles", self.angles, minimum=1)
+        _check_int("max_order", self.max_order, minimum=1, maximum=2)
+        if self.name != "scatternet":
+            defaults = FeatureSpec("scatternet")
+            for key in _SCATTERNET_ONLY:
+                if getattr(self, key) != getattr(defaults, key):
+                    raise DPVisionError(
+                        f"{key} applies to scatternet features only; remove it from the "
+                        f"{self.name} spec"
+                    )
+
+    def to_dict(self) -> dict[str, Any]:
+        """All fields as a JSON-compatible dict (the form stored in cache metadata)."""
+        return dataclasses.asdict(self)
+
+
+def _check_int(key: str, value: object, *, minimum: int, maximum: int | None = None) -> None:
+    """Raises a one-line :class:`DPVisionError` unless ``minimum <= value <= maximum``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise DPVisionError(f"{key} must be an integer, got {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        allowed = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
+        raise DPVisionError(f"{key} must be {allowed}, got {value}")
+
+
+def _field_types() -> dict[str, str]:
+    """Maps each settable field of :class:`FeatureSpec` to ``"int"``, ``"int?"`` or ``"bool"``."""
+    return {
+        "pool": "int",
+        "projection_dim": "int?",
+        "projection_seed": "int",
+        "flatten": "bool",
+        "scales": "int",
+        "angles": "int",
+        "max_order": "int",
+    }
+
+
+def _parse_value(key: str, kind: str, text: str) -> int | bool | None:
+    """Parses ``text`` as the value of field ``key`` of type ``kind``."""
+    lowered = text.strip().lower()
+    if kind == "bool":
+        if lowered in ("true", "1", "yes"):
+            return True
+        if lowered in ("false", "0", "no"):
+            return False
+        raise DPVisionError(f"{key} must be true or false, got {text!r}")
+    if kind == "int?" and lowered in ("none", ""):
+        return None
+    try:
+        return int(lowered)
+    except ValueError:
+        raise DPVisionError(f"{key} must be an integer, got {text!r}") from None
+
+
+def parse_feature_spec(text: str) -> FeatureSpec:
+    """Parses ``"name"`` or ``"name:key=value,key=value"`` into a :class:`FeatureSpec`.
+
+    Examples: ``"scatternet"``, ``"pixels"``, ``"scatternet:pool=2"``,
+    ``"pixels:projection_dim=256,projection_seed=1"``, ``"scatternet:flatten=false"``.
+
+    Args:
+        text: The spec, e.g. from ``--features``.
+
+    Returns:
+        The validated spec.
+
+    Raises:
+        DPVisionError: For an unknown name or key (the message lists the choices), a
+            repeated key, or a value of the wrong type or out of range.
+    """
+    if not isinstance(text, str):
+        raise DPVisionError(f"a feature spec must be a string, got {type(text).__name__}")
+    name, _, options = text.strip().partition(":")
+    name = name.strip()
+    if name not in FEATURE_NAMES:
+        raise DPVisionError(
+            f"unknown features {name!r} in {text!r}; choose one of: {', '.join(FEATURE_NAMES)}"
+        )
+    types = _field_types()
+    values: dict[str, Any] = {}
+    for item in options.split(",") if options.strip() else []:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or key not in types:
+            raise DPVisionError(
+                f"bad feature option {item.strip()!r} in {text!r}; write key=value with key one "
+                f"of: {', '.join(types)}"
+            )
+        if key in values:
+            raise DPVisionError(f"feature option {key!r} is given twice in {text!r}; keep one")
+        values[key] = _parse_value(key, types[key], value)
+    return FeatureSpec(name, **values)
+
+
+def format_feature_spec(spec: FeatureSpec) -> str:
+    """The shortest text that :func:`parse_feature_spec` turns back into ``spec``.
+
+    Args:
+        spec: A feature spec.
+
+    Returns:
+        ``name`` followed by ``:key=value,...`` for each field that differs from its default.
+    """
+    defaults = FeatureSpec(spec.name)
+    changed = [
+        f"{key}={str(getattr(spec, key)).lower()}"
+        for key in _field_types()
+        if getattr(spec, key) != getattr(defaults, key)
+    ]
+    return spec.name + (":" + ",".join(changed) if changed else "")

@@ -1,0 +1,210 @@
+"""``dpvision train``: dataset → features → (private) preprocessing → learner → result.
+
+The whole path is one function, :func:`run_training`, so the command line, the benchmarks
+and the tests run exactly the same code. Its result is the result JSON of DESIGN.md.
+"""
+
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpvision.accounting import PrivacyLedger
+from dpvision.config import TrainConfig
+from dpvision.errors import DPVisionError
+
+
+def _say(message: str, quiet: bool) -> None:
+    if not quiet:
+        print(f"[dpvision] {message}", file=sys.stderr, flush=True)
+
+
+def _seeds(seed: int) -> tuple[int, int]:
+    """Independent seeds for the preprocessing noise and the learner, derived from one seed."""
+    a, b = np.random.SeedSequence(seed).generate_state(2, dtype=np.uint64)
+    return int(a) % 2**63, int(b) % 2**63
+
+
+def _noise_off(config: TrainConfig) -> bool:
+    return (config.epsilon is not None and math.isinf(config.epsilon)) or (
+        config.noise_multiplier == 0
+    )
+
+
+def _channels(config: TrainConfig, dataset: Any, spec: Any) -> int:
+    from dataclasses import replace
+
+    from dpvision.features import feature_shape
+
+    if config.preprocessing.channels is not None:
+        return config.preprocessing.channels
+    if spec.projection_dim is not None:
+        return 1  # a random projection has no channel structure
+    image_shape = tuple(dataset.train_images.shape[1:])
+    return int(feature_shape(image_shape, replace(spec, flatten=False))[0])
+
+
+def preprocess(
+    config: TrainConfig,
+    train: np.ndarray,
+    test: np.ndarray,
+    channels: int,
+    ledger: PrivacyLedger,
+    seed: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Applies ``config.preprocessing`` to train and test features, recording private steps.
+
+    Privacy:
+      ``group-norm`` is per-example (free). ``private-norm`` and ``center`` release
+      statistics of the *training* features with Gaussian noise (see
+      :mod:`dpvision.features.normalization`) and record them in ``ledger``; the test
+      features are only transformed with those released statistics.
+    """
+    import torch
+
+    from dpvision.features.normalization import (
+        PrivateCentering,
+        PrivateNormalizer,
+        group_normalize,
+    )
+
+    pre = config.preprocessing
+    sigma = 0.0 if _noise_off(config) else pre.noise_multiplier
+    generator = torch.Generator().manual_seed(seed)
+    if pre.kind == "none":
+        return train, test
+    if pre.kind == "group-norm":
+        return (
+            group_normalize(train, channels=channels, groups=pre.groups),
+            group_normalize(test, channels=channels, groups=pre.groups),
+        )
+    if pre.kind == "private-norm":
+        normalizer = PrivateNormalizer(
+            channels=channels,
+            noise_multiplier=sigma,
+            mean_clip=pre.mean_clip,
+            square_clip=pre.square_clip,
+        )
+        normalizer.fit(train, ledger=ledger, generator=generator)
+        return normalizer.transform(train), normalizer.transform(test)
+    centering = PrivateCentering(clip_norm=pre.clip_norm, noise_multiplier=sigma)
+    centering.fit(train, ledger=ledger, generator=generator)
+    return centering.transform(train), centering.transform(test)
+
+
+def run_training(config: TrainConfig, *, quiet: bool = False) -> dict[str, Any]:
+    """Trains and evaluates one configuration; returns the result dict (DESIGN.md contract)."""
+    from dpvision.data import load_dataset
+    from dpvision.features import load_or_extract, parse_feature_spec
+    from dpvision.learners import LEARNERS
+
+    start = time.perf_counter()
+    spec = parse_feature_spec(config.features)
+    _say(f"loading dataset {config.dataset}", quiet)
+    dataset = load_dataset(config.dataset, config.data_dir)
+    _say(f"features {config.features} for {dataset.num_train} + {dataset.num_test} images", quiet)
+    train, test = load_or_extract(dataset, spec, progress=not quiet)
+    preprocessing_seed, learner_seed = _seeds(config.seed)
+    ledger = PrivacyLedger()
+    channels = _channels(config, dataset, spec)
+    train, test = preprocess(config, train, test, channels, ledger, preprocessing_seed)
+    prior_count = ledger.total_count
+
+    learner_cls = LEARNERS[config.method]
+    target = config.epsilon
+    learner = learner_cls(
+        target_epsilon=target,
+        target_delta=config.delta,
+        noise_multiplier=None if target is not None else config.noise_multiplier,
+        accountant=config.accountant,
+        random_state=learner_seed,
+        num_classes=dataset.num_classes,
+        **config.learner,
+    )
+    _say(
+        f"training {config.method} on {train.shape[1]} features "
+        f"(target ε = {target if target is not None else 'from σ'}, δ = {config.delta:g})",
+        quiet,
+    )
+    try:
+        learner.fit(train, dataset.train_labels, prior_ledger=ledger)
+    except TypeError as error:  # a learner option of the wrong type
+        raise DPVisionError(f"learner options for {config.method}: {error}") from None
+    accuracy = float(learner.score(test, dataset.test_labels))
+    own = learner.privacy_ledger_.entries[len(ledger.entries) :] or learner.privacy_ledger_.entries
+    return {
+        "dataset": dataset.name,
+        "method": config.method,
+        "features": config.features,
+        "test_accuracy": accuracy,
+        "epsilon": learner.epsilon_,
+        "delta": config.delta,
+        "accountant": config.accountant or _auto_accountant(learner.privacy_ledger_),
+        "noise_multiplier": learner.noise_multiplier_,
+        "steps": learner.privacy_ledger_.total_count - prior_count,
+        "sample_rate": own[-1].sample_rate,
+        "n_train": int(dataset.num_train),
+        "n_test": int(dataset.num_test),
+        "num_features": int(train.shape[1]),
+        "seed": config.seed,
+        "wall_seconds": time.perf_counter() - start,
+        "privacy_ledger": learner.privacy_ledger_.to_dict()["entries"],
+        "config": config.to_dict(),
+    }
+
+
+def _auto_accountant(ledger: PrivacyLedger) -> str:
+    from dpvision.accounting import default_accountant
+
+    return default_accountant(ledger.dp_event()).value
+
+
+def write_json_atomic(path: str | Path, data: dict[str, Any]) -> None:
+    """Writes JSON to ``path`` through a temporary file and a rename: never half-written."""
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise DPVisionError(f"cannot write {path}: folder {folder} does not exist")
+    handle, temporary = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "w") as out:
+            json.dump(data, out, indent=2, default=_json_default)
+            out.write("\n")
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def summary(result: dict[str, Any]) -> str:
+    """A few readable lines about a result."""
+    sigma = result["noise_multiplier"]
+    privacy = (
+        "no noise (ε = ∞): non-private baseline"
+        if sigma is None
+        else f"ε = {result['epsilon']:.4f} at δ = {result['delta']:g} ({result['accountant']}), "
+        f"σ = {sigma:.4g}, {result['steps']} noisy releases at sample rate "
+        f"{result['sample_rate']:.4g}"
+    )
+    return (
+        f"{result['method']} on {result['dataset']} ({result['n_train']} train / "
+        f"{result['n_test']} test), features {result['features']} "
+        f"({result['num_features']} dims)\n"
+        f"test accuracy {100 * result['test_accuracy']:.2f} %\n"
+        f"privacy: {privacy}\n"
+        f"wall time {result['wall_seconds']:.1f} s"
+    )

@@ -47,8 +47,8 @@ def test_default_run_on_digits(tmp_path, capsys):
     assert result["steps"] == 3
     assert [e["released"] for e in result["privacy_ledger"]] == [
         "DP-LS G",
-        "DP-LS A_j",
         "DP-LS b_j",
+        "DP-LS A_j",
     ]
     text = capsys.readouterr().out
     assert "test accuracy" in text

@@ -94,7 +94,6 @@ class DPFeatureCovariance(DPLinearClassifier):
             labels,
             num_classes=num_classes,
             clip_norm=cg,
-            class_grams=False,
             chunk_size=self.chunk_size,
         ).gram
         if sigma is None:

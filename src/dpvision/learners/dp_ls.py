@@ -18,8 +18,13 @@ import torch
 from dpvision.accounting import PrivacyLedger
 from dpvision.learners.base import DPLinearClassifier
 from dpvision.learners.linalg import solve_psd, symmetrize
-from dpvision.learners.statistics import DEFAULT_CHUNK_SIZE, gram_statistics
-from dpvision.mechanisms import release_gaussian
+from dpvision.learners.statistics import (
+    DEFAULT_CHUNK_SIZE,
+    ClassIndex,
+    class_grams,
+    gram_statistics,
+)
+from dpvision.mechanisms import add_gaussian_noise, release_gaussian
 
 
 class DPLeastSquares(DPLinearClassifier):
@@ -38,6 +43,8 @@ class DPLeastSquares(DPLinearClassifier):
       random_state: seeds the noise (``None``: fresh OS entropy).
       num_classes: m; ``None`` infers max(y)+1 (the label set is treated as public).
       chunk_size: rows per chunk when accumulating statistics.
+      max_block_bytes: memory for the per-class d×d matrices solved at once (classes are
+        processed in blocks, so m·d² need not fit in memory).
 
     Privacy:
       Three Gaussian releases with noise multiplier σ each, on statistics of clipped
@@ -60,6 +67,7 @@ class DPLeastSquares(DPLinearClassifier):
         random_state: int | None = None,
         num_classes: int | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
+        max_block_bytes: int = 2**30,
     ) -> None:
         self.target_epsilon = target_epsilon
         self.target_delta = target_delta
@@ -71,6 +79,7 @@ class DPLeastSquares(DPLinearClassifier):
         self.random_state = random_state
         self.num_classes = num_classes
         self.chunk_size = chunk_size
+        self.max_block_bytes = max_block_bytes
 
     def _releases(self, n: int, d: int, m: int) -> tuple[int, float]:
         return 3, 1.0
@@ -90,26 +99,34 @@ class DPLeastSquares(DPLinearClassifier):
         ledger: PrivacyLedger,
         generator: torch.Generator,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        stats = gram_statistics(
-            features,
-            labels,
-            num_classes=num_classes,
-            clip_norm=self.clip_norm,
-            class_grams=True,
-            chunk_size=self.chunk_size,
-        )
-        assert stats.class_grams is not None
         c = self.clip_norm
-        gram, grams, sums = stats.gram, stats.class_grams, stats.class_sums
+        stats = gram_statistics(
+            features, labels, num_classes=num_classes, clip_norm=c, chunk_size=self.chunk_size
+        )
+        gram, sums = stats.gram, stats.class_sums
         if sigma is None:
             ledger.record_non_private(released="DP-LS statistics G, A_j, b_j (noise off)")
         else:
             common = {"noise_multiplier": sigma, "ledger": ledger, "generator": generator}
             gram = release_gaussian(gram, l2_sensitivity=c * c, released="DP-LS G", **common)
-            grams = release_gaussian(grams, l2_sensitivity=c * c, released="DP-LS A_j", **common)
             sums = release_gaussian(sums, l2_sensitivity=c, released="DP-LS b_j", **common)
-        # Post-processing from here on: symmetrise, project to PSD, regularise, solve.
-        system = symmetrize(grams) + self.alpha * symmetrize(gram)
+            # The stack of all Aⱼ is one Gaussian release (sensitivity C²); its i.i.d. noise
+            # is drawn block by block below, which is the same mechanism.
+            ledger.record(noise_multiplier=sigma, l2_sensitivity=c * c, released="DP-LS A_j")
+        shared = self.alpha * symmetrize(gram)
         ridge = self._ridge(stats.count, features.shape[1], sigma)
-        coef = solve_psd(system, sums, ridge=ridge)
+        index = ClassIndex(labels, num_classes)
+        coef = torch.empty(num_classes, features.shape[1], dtype=torch.float64)
+        block = max(1, self.max_block_bytes // (8 * features.shape[1] ** 2))
+        for first in range(0, num_classes, block):
+            classes = range(first, min(first + block, num_classes))
+            grams = class_grams(features, index, classes, clip_norm=c, chunk_size=self.chunk_size)
+            if sigma is not None:
+                grams = add_gaussian_noise(
+                    grams, l2_sensitivity=c * c, noise_multiplier=sigma, generator=generator
+                )
+            # Post-processing: symmetrise, project to PSD, regularise, solve.
+            coef[classes.start : classes.stop] = solve_psd(
+                symmetrize(grams) + shared, sums[classes.start : classes.stop], ridge=ridge
+            )
         return coef, torch.zeros(num_classes, dtype=torch.float64)

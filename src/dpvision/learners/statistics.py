@@ -69,14 +69,12 @@ class GramStatistics:
 
     Attributes:
       gram: G = Σᵢ x̃ᵢx̃ᵢᵀ, (d, d). Changes by x̃x̃ᵀ, Frobenius norm ≤ C², per example.
-      class_grams: Aⱼ = Σ_{i: yᵢ=j} x̃ᵢx̃ᵢᵀ, (m, d, d), or None when not requested. With one
-        label per example, the stack changes by ≤ C² in Frobenius norm.
-      class_sums: bⱼ = Σ_{i: yᵢ=j} x̃ᵢ, (m, d). The stack changes by ≤ C in L2 norm.
+      class_sums: bⱼ = Σ_{i: yᵢ=j} x̃ᵢ, (m, d). With one label per example the stack changes
+        by ≤ C in L2 norm.
       count: n, the number of examples (treated as public, as in all four papers).
     """
 
     gram: torch.Tensor
-    class_grams: torch.Tensor | None
     class_sums: torch.Tensor
     count: int
 
@@ -87,21 +85,56 @@ def gram_statistics(
     *,
     num_classes: int,
     clip_norm: float,
-    class_grams: bool,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> GramStatistics:
-    """Accumulates G, Aⱼ (optional) and bⱼ over clipped features, in float64, chunk by chunk."""
+    """Accumulates G and bⱼ over clipped features, in float64, chunk by chunk."""
     d = features.shape[1]
     gram = torch.zeros(d, d, dtype=torch.float64)
-    grams = torch.zeros(num_classes, d, d, dtype=torch.float64) if class_grams else None
     sums = torch.zeros(num_classes, d, dtype=torch.float64)
     for x, y in iter_chunks(features, labels, chunk_size=chunk_size):
         assert y is not None
         x = clip_rows(x, clip_norm)
         gram.addmm_(x.T, x)
         sums.index_add_(0, y, x)
-        if grams is not None:
-            for j in torch.unique(y).tolist():
-                xj = x[y == j]
-                grams[j].addmm_(xj.T, xj)
-    return GramStatistics(gram=gram, class_grams=grams, class_sums=sums, count=len(features))
+    return GramStatistics(gram=gram, class_sums=sums, count=len(features))
+
+
+class ClassIndex:
+    """Row numbers of each class, so one class's rows can be read together.
+
+    Sorting once by label turns the m per-class Gram matrices into m dense matrix products
+    (instead of m tiny products per chunk), and lets them be computed a block of classes at
+    a time, so only that block's d×d matrices are ever in memory.
+    """
+
+    def __init__(self, labels: np.ndarray, num_classes: int) -> None:
+        labels = np.asarray(labels)
+        self.order = np.argsort(labels, kind="stable")
+        self.bounds = np.searchsorted(labels[self.order], np.arange(num_classes + 1))
+
+    def rows(self, label: int) -> np.ndarray:
+        return self.order[self.bounds[label] : self.bounds[label + 1]]
+
+
+def class_grams(
+    features: np.ndarray,
+    index: ClassIndex,
+    classes: range,
+    *,
+    clip_norm: float,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> torch.Tensor:
+    """Aⱼ = Σ_{i: yᵢ=j} x̃ᵢx̃ᵢᵀ for j in ``classes``, exact, (len(classes), d, d) float64.
+
+    With one label per example, adding or removing an example changes the stack of all Aⱼ
+    by x̃x̃ᵀ in a single class: Frobenius norm ≤ C².
+    """
+    d = features.shape[1]
+    out = torch.zeros(len(classes), d, d, dtype=torch.float64)
+    for k, label in enumerate(classes):
+        rows = index.rows(label)
+        for start in range(0, len(rows), chunk_size):
+            part = np.sort(rows[start : start + chunk_size])  # sorted reads from a memory map
+            x = clip_rows(torch.from_numpy(np.array(features[part], dtype=np.float64)), clip_norm)
+            out[k].addmm_(x.T, x)
+    return out

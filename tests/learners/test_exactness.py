@@ -68,7 +68,7 @@ def test_dp_fc_step_is_the_preconditioned_gradient_step(blobs):
         learning_rate=lr,
         ridge=ridge / 1e12,
     ).fit(x, y)
-    errors = (1 / (1 + np.exp(10.0)) - np.eye(m)[y]) / m  # sigmoid(−10) − y, class-mean loss
+    errors = 1 / (1 + np.exp(10.0)) - np.eye(m)[y]  # sigmoid(−10) − y, loss summed over classes
     grad = errors.T @ x / n
     covariance = x.T @ x / n + ridge * np.eye(d)
     np.testing.assert_allclose(model.coef_, -lr * np.linalg.solve(covariance, grad.T).T, rtol=1e-9)

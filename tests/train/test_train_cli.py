@@ -156,3 +156,37 @@ def test_misspelled_toml_key(tmp_path):
     )
     assert proc.returncode == 2
     assert "unknown key 'methd'" in proc.stderr
+
+
+def _run(*argv):
+    return subprocess.run(
+        [sys.executable, "-m", "dpvision", *argv, "--quiet"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_corrupt_idx_file_is_one_line_and_exit_2(tmp_path):
+    folder = tmp_path / "fashion-mnist"
+    folder.mkdir()
+    for name in (
+        "train-images-idx3-ubyte.gz",
+        "train-labels-idx1-ubyte.gz",
+        "t10k-images-idx3-ubyte.gz",
+        "t10k-labels-idx1-ubyte.gz",
+    ):
+        (folder / name).write_bytes(b"\x1f\x8b this is not gzip data")
+    proc = _run("train", "--dataset", "fashion-mnist", "--data-dir", str(folder))
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert "idx" in proc.stderr.lower()
+
+
+def test_wrong_format_npz_is_one_line_and_exit_2(tmp_path):
+    path = tmp_path / "bad.npz"
+    np.savez(path, images=np.zeros((4, 2, 2), np.uint8))
+    proc = _run("train", "--dataset", f"npz:{path}")
+    assert proc.returncode == 2
+    assert len(proc.stderr.strip().splitlines()) == 1
+    assert "x_train" in proc.stderr

@@ -1,7 +1,6 @@
 """Feature normalisation: per-example (free) and dataset-level (private).
 
-* :func:`clip_features` and :func:`group_normalize` look at one example at a time, so
-  they cost no privacy.
+* :func:`group_normalize` looks at one example at a time, so it costs no privacy.
 * :class:`PrivateNormalizer` is PrivDataNorm (Tramèr & Boneh, Algorithm 2 of App. B): the
   per-channel mean and variance of the features, released with Gaussian noise.
 * :class:`PrivateCentering` is the private mean centering of Tang et al. (DP-RandP,
@@ -20,22 +19,9 @@ import torch
 
 from dpvision.accounting import PrivacyLedger
 from dpvision.errors import DPVisionError
-from dpvision.mechanisms import release_gaussian
+from dpvision.mechanisms import clip_rows, release_gaussian
 
 _CHUNK = 8192
-
-
-def clip_features(features: np.ndarray, max_norm: float) -> np.ndarray:
-    """Scales each row to L2 norm ≤ ``max_norm`` (non-finite rows become zero).
-
-    Privacy:
-      Per-example; releases nothing and costs nothing. It bounds each example's influence.
-    """
-    if not max_norm > 0:
-        raise DPVisionError(f"max_norm must be > 0, got {max_norm}")
-    x = np.where(np.isfinite(features).all(axis=1, keepdims=True), features, 0.0)
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return (x * np.minimum(1.0, max_norm / np.maximum(norms, 1e-30))).astype(features.dtype)
 
 
 def group_normalize(
@@ -115,8 +101,8 @@ class PrivateNormalizer:
                 torch.from_numpy(np.asarray(features[start : start + _CHUNK], np.float64)),
                 self.channels,
             )
-            mean_sum += _clip(x.mean(dim=2), self.mean_clip).sum(dim=0)
-            square_sum += _clip((x * x).mean(dim=2), self.square_clip).sum(dim=0)
+            mean_sum += clip_rows(x.mean(dim=2), self.mean_clip).sum(dim=0)
+            square_sum += clip_rows((x * x).mean(dim=2), self.square_clip).sum(dim=0)
         if self.noise_multiplier == 0:  # the non-private baseline: exact statistics
             ledger.record_non_private(released="per-channel means and mean squares (noise off)")
         else:
@@ -156,11 +142,6 @@ class PrivateNormalizer:
         return out
 
 
-def _clip(rows: torch.Tensor, max_norm: float) -> torch.Tensor:
-    norms = torch.linalg.vector_norm(rows, dim=1, keepdim=True)
-    return rows * torch.clamp(max_norm / norms.clamp_min(1e-30), max=1.0)
-
-
 @dataclass
 class PrivateCentering:
     """Subtract a privately released mean (DP-RandP, App. G).
@@ -188,7 +169,7 @@ class PrivateCentering:
         total = torch.zeros(d, dtype=torch.float64)
         for start in range(0, n, _CHUNK):
             x = torch.from_numpy(np.asarray(features[start : start + _CHUNK], np.float64))
-            total += _clip(x, self.clip_norm).sum(dim=0)
+            total += clip_rows(x, self.clip_norm).sum(dim=0)
         if self.noise_multiplier == 0:  # the non-private baseline: the exact mean
             ledger.record_non_private(released="feature mean for centering (noise off)")
         else:

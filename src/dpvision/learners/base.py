@@ -9,6 +9,7 @@ After ``fit`` the estimator has ``coef_`` (m, d), ``intercept_`` (m,), ``classes
 ``noise_multiplier_``, ``privacy_ledger_`` and ``epsilon_`` (at ``target_delta``).
 """
 
+import abc
 import math
 import os
 from typing import Any
@@ -70,7 +71,7 @@ def resolve_noise_multiplier(
     )
 
 
-class DPLinearClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
+class DPLinearClassifier(ClassifierMixin, BaseEstimator, abc.ABC):  # type: ignore[misc]
     """Base class: a linear classifier over features, trained under differential privacy.
 
     Subclasses implement ``_releases(n, d, m)`` (how many Gaussian releases, at which sample
@@ -86,10 +87,11 @@ class DPLinearClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
     num_classes: int | None
     chunk_size: int
 
+    @abc.abstractmethod
     def _releases(self, n: int, d: int, m: int) -> tuple[int, float]:
         """(number of Gaussian releases at one common σ, their Poisson sample rate)."""
-        raise NotImplementedError  # abstract: every concrete learner overrides it
 
+    @abc.abstractmethod
     def _fit_private(
         self,
         features: np.ndarray,
@@ -99,7 +101,10 @@ class DPLinearClassifier(ClassifierMixin, BaseEstimator):  # type: ignore[misc]
         ledger: PrivacyLedger,
         generator: torch.Generator,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        raise NotImplementedError  # abstract: every concrete learner overrides it
+        """Fits on the data, adding noise at σ (None: no noise) and recording it in ``ledger``.
+
+        Returns (coef (m, d), intercept (m,)).
+        """
 
     def fit(
         self, X: np.ndarray, y: np.ndarray, *, prior_ledger: PrivacyLedger | None = None

@@ -15,8 +15,8 @@ from dpvision.accounting import PrivacyLedger
 from dpvision.errors import DPVisionError
 from dpvision.learners.base import DPLinearClassifier
 from dpvision.learners.linalg import solve_psd
-from dpvision.learners.statistics import DEFAULT_CHUNK_SIZE, clip_rows, iter_chunks
-from dpvision.mechanisms import release_gaussian
+from dpvision.learners.statistics import DEFAULT_CHUNK_SIZE, iter_chunks
+from dpvision.mechanisms import clip_rows, release_gaussian
 
 # |ℓ''| ≤ 1/4 for the logistic loss (σ(z)(1 − σ(z)) ≤ 1/4), and |ℓ'| ≤ 1.
 HESSIAN_BOUND = 0.25

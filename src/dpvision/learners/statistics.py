@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from dpvision.errors import DPVisionError
+from dpvision.mechanisms.clipping import clip_rows
 
 DEFAULT_CHUNK_SIZE = 16384
 
@@ -31,18 +32,6 @@ def iter_chunks(
             else torch.from_numpy(np.asarray(labels[start : start + chunk_size], dtype=np.int64))
         )
         yield x, y
-
-
-def clip_rows(x: torch.Tensor, max_norm: float) -> torch.Tensor:
-    """Scales each row to L2 norm at most ``max_norm``: x · min(1, C/‖x‖).
-
-    Rows that are not finite are zeroed (they then contribute nothing, which keeps every
-    sensitivity bound valid).
-    """
-    finite = torch.isfinite(x).all(dim=1, keepdim=True)
-    x = torch.where(finite, x, torch.zeros_like(x))
-    norms = torch.linalg.vector_norm(x, dim=1, keepdim=True)
-    return x * torch.clamp(max_norm / norms.clamp_min(1e-30), max=1.0)
 
 
 def check_features(features: np.ndarray, labels: np.ndarray, num_classes: int) -> None:

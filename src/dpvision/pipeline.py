@@ -154,9 +154,21 @@ def run_training(config: TrainConfig, *, quiet: bool = False) -> dict[str, Any]:
         "num_features": int(train.shape[1]),
         "seed": config.seed,
         "wall_seconds": time.perf_counter() - start,
+        "epsilon_zcdp": _zcdp_figure(learner.privacy_ledger_, config.delta),
         "privacy_ledger": learner.privacy_ledger_.to_dict()["entries"],
         "config": config.to_dict(),
     }
+
+
+def _zcdp_figure(ledger: PrivacyLedger, delta: float) -> float | None:
+    """The zCDP ε Mehta et al. report, for comparison; None for Poisson-sampled runs."""
+    from dpvision.accounting import zcdp_epsilon
+    from dpvision.accounting.gaussian import is_unsampled_gaussian
+
+    event = ledger.dp_event()
+    if not ledger.is_private or not is_unsampled_gaussian(event):
+        return None
+    return zcdp_epsilon(event, delta=delta)
 
 
 def _auto_accountant(ledger: PrivacyLedger) -> str:
@@ -199,6 +211,11 @@ def summary(result: dict[str, Any]) -> str:
         else f"ε = {result['epsilon']:.4f} at δ = {result['delta']:g} ({result['accountant']}), "
         f"σ = {sigma:.4g}, {result['steps']} noisy releases at sample rate "
         f"{result['sample_rate']:.4g}"
+        + (
+            f"; the zCDP bound of the papers gives ε = {result['epsilon_zcdp']:.4f}"
+            if result.get("epsilon_zcdp") is not None
+            else ""
+        )
     )
     return (
         f"{result['method']} on {result['dataset']} ({result['n_train']} train / "

@@ -41,7 +41,7 @@ def test_default_run_on_digits(tmp_path, capsys):
     assert set(result) >= RESULT_KEYS
     assert result["dataset"] == "digits"
     assert result["method"] == "dp-ls"
-    assert 0.80 <= result["test_accuracy"] <= 0.97  # measured 0.889 at seed 0
+    assert 0.80 <= result["test_accuracy"] <= 0.97  # measured 0.897 at seed 0
     assert 0.99 * 3 <= result["epsilon"] <= 3.0
     assert result["accountant"] == "gaussian"
     assert result["steps"] == 3
@@ -50,6 +50,7 @@ def test_default_run_on_digits(tmp_path, capsys):
         "DP-LS b_j",
         "DP-LS A_j",
     ]
+    assert result["epsilon_zcdp"] > result["epsilon"]  # the papers' looser zCDP figure
     text = capsys.readouterr().out
     assert "test accuracy" in text
     assert "ε = 2.99" in text

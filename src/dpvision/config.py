@@ -108,7 +108,7 @@ def _coerce(name: str, value: Any, where: str) -> Any:
         if name in _OPTIONAL:
             return None
         raise DPVisionError(f"{where}: {name} cannot be empty")
-    if name in _NUMBER_FIELDS or name == "noise_multiplier":
+    if name in _NUMBER_FIELDS:
         if isinstance(value, bool):
             raise DPVisionError(f"{where}: {name} must be a number, got {value!r}")
         try:

@@ -7,5 +7,12 @@ the noise from it, so the sensitivity is stated once, next to the value it bound
 
 from dpvision.mechanisms.clipping import clip_rows
 from dpvision.mechanisms.noise import add_gaussian_noise, gaussian_noise, release_gaussian
+from dpvision.mechanisms.sampling import PoissonSampler
 
-__all__ = ["add_gaussian_noise", "clip_rows", "gaussian_noise", "release_gaussian"]
+__all__ = [
+    "PoissonSampler",
+    "add_gaussian_noise",
+    "clip_rows",
+    "gaussian_noise",
+    "release_gaussian",
+]

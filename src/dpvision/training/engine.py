@@ -1,0 +1,125 @@
+"""One logical DP-SGD step over any number of physical micro-batches (De et al., Alg. 1).
+
+The logical batch (Poisson-sampled, expected size qN) may be split into physical
+micro-batches to fit in memory; clipped gradient sums are accumulated over them and the
+Gaussian noise N(0, (σC)²) is added **once** per logical step, then the total is divided by
+the public expected batch size qN. Splitting is therefore a memory knob that never changes
+the noise. The privatised gradient is handed to any torch optimizer (SGD, momentum, Adam),
+and an exponential moving average of the parameters can follow each logical step.
+"""
+
+from collections.abc import Callable, Iterable
+
+import torch
+
+from dpvision.accounting import PrivacyLedger
+from dpvision.mechanisms import gaussian_noise
+from dpvision.training.per_example import clipped_gradient_sum
+
+
+def ema_decay(decay: float, step: int) -> float:
+    """min(μ, (1 + t)/(10 + t)): the warm-up of jax_privacy and TAN, t the logical step."""
+    return min(decay, (1 + step) / (10 + step))
+
+
+class ParameterEMA:
+    """Exponential moving average of a model's parameters, updated once per logical step."""
+
+    def __init__(self, model: torch.nn.Module, decay: float) -> None:
+        if not 0 <= decay < 1:
+            raise ValueError(f"decay must be in [0, 1), got {decay}")
+        self.decay = decay
+        self.step = 0
+        self.shadow = {k: v.detach().clone() for k, v in model.named_parameters()}
+
+    @torch.no_grad()
+    def update(self, model: torch.nn.Module) -> None:
+        mu = ema_decay(self.decay, self.step)
+        for name, param in model.named_parameters():
+            self.shadow[name].mul_(mu).add_(param.detach(), alpha=1 - mu)
+        self.step += 1
+
+
+class DPSGDStep:
+    """Privatises and applies one logical step of DP-SGD.
+
+    Args:
+      model: a module validated for per-example gradients (no BatchNorm).
+      optimizer: any torch optimizer over ``model``'s parameters.
+      loss_fn: per-example loss ``loss_fn(outputs, targets)`` (reduction "none").
+      noise_multiplier: σ.
+      max_grad_norm: C.
+      sample_rate: q, the Poisson rate the logical batches were drawn with.
+      num_examples: N; the clipped sum is divided by the public qN.
+      ledger: where every logical step is recorded.
+      generator: the noise generator (seeded identically on every worker when distributed).
+      views: whether inputs carry K augmented views per example, (B, K, ...).
+
+    Privacy:
+      Each call releases Σᵢ clip(gᵢ, C) + N(0, (σC)² I) over the examples of one Poisson
+      batch, L2 sensitivity C, recorded as one Poisson-sampled Gaussian step at rate q.
+      Everything after (division by qN, the optimizer, the EMA) is post-processing.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        noise_multiplier: float,
+        max_grad_norm: float,
+        sample_rate: float,
+        num_examples: int,
+        ledger: PrivacyLedger,
+        generator: torch.Generator,
+        views: bool = False,
+    ) -> None:
+        self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
+        self.noise_multiplier, self.max_grad_norm = noise_multiplier, max_grad_norm
+        self.sample_rate, self.num_examples = sample_rate, num_examples
+        self.ledger, self.generator, self.views = ledger, generator, views
+        self.nonfinite = 0
+
+    def __call__(self, micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Applies one logical step whose examples arrive as (inputs, targets) micro-batches.
+
+        An empty logical batch is an empty iterable: it still gets its noise.
+        """
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        names = [k for k, p in self.model.named_parameters() if p.requires_grad]
+        total = [torch.zeros_like(p) for p in params]
+        for inputs, targets in micro_batches:
+            if len(inputs) == 0:
+                continue
+            clipped = clipped_gradient_sum(
+                self.model,
+                self.loss_fn,
+                inputs,
+                targets,
+                max_grad_norm=self.max_grad_norm,
+                views=self.views,
+            )
+            self.nonfinite += clipped.nonfinite
+            for acc, name in zip(total, names, strict=True):
+                acc += clipped.grads[name]
+        expected_batch = self.sample_rate * self.num_examples
+        for acc, param in zip(total, params, strict=True):
+            noise = gaussian_noise(
+                acc.shape,
+                l2_sensitivity=self.max_grad_norm,
+                noise_multiplier=self.noise_multiplier,
+                dtype=acc.dtype,
+                device=acc.device,
+                generator=self.generator,
+            )
+            param.grad = (acc + noise) / expected_batch
+        # The noise for all parameters together is one Gaussian release of sensitivity C.
+        self.ledger.record(
+            noise_multiplier=self.noise_multiplier,
+            sample_rate=self.sample_rate,
+            l2_sensitivity=self.max_grad_norm,
+            released="DP-SGD clipped gradient sum",
+        )
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)

@@ -155,7 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
         "dermamnist, npz:PATH or imagefolder:PATH",
     )
     train.add_argument("--data-dir", metavar="DIR", help="folder with the dataset's files")
-    train.add_argument("--method", help="dp-ls, dp-newton, dp-fc or dp-sgd-linear")
+    train.add_argument(
+        "--method", help="dp-ls, dp-newton, dp-fc, dp-sgd-linear (features) or dp-sgd (deep models)"
+    )
     train.add_argument("--features", help="pixels or scatternet (e.g. scatternet:pool=2)")
     train.add_argument(
         "--epsilon",
@@ -180,6 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="override any config field, e.g. --set learner.epochs=20",
     )
     train.add_argument("--json", metavar="FILE", help="write the result JSON here")
+    train.add_argument(
+        "--checkpoint",
+        metavar="FILE",
+        help="dp-sgd: resume from FILE if it exists; write it every learner.checkpoint_every "
+        "steps and at the end",
+    )
     train.add_argument("--quiet", action="store_true", help="no progress messages")
     return parser
 
@@ -206,7 +214,7 @@ def _run_train(args: argparse.Namespace) -> None:
         folder = Path(args.json).parent
         if str(folder) and not folder.is_dir():
             raise DPVisionError(f"cannot write {args.json}: folder {folder} does not exist")
-    result = run_training(config, quiet=args.quiet)
+    result = run_training(config, quiet=args.quiet, checkpoint=args.checkpoint)
     if args.json:
         write_json_atomic(args.json, result)
     print(summary(result))

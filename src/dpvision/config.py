@@ -33,7 +33,7 @@ from typing import Any
 
 from dpvision.errors import DPVisionError
 
-METHODS = ("dp-ls", "dp-newton", "dp-fc", "dp-sgd-linear")
+METHODS = ("dp-ls", "dp-newton", "dp-fc", "dp-sgd-linear", "dp-sgd")
 PREPROCESSING = ("none", "group-norm", "private-norm", "center")
 
 
@@ -67,7 +67,8 @@ class TrainConfig:
     Attributes:
       dataset: a dataset name (``digits``, ``fashion-mnist``, …, ``npz:PATH``).
       data_dir: where its files are (``None``: the standard lookup order).
-      method: ``dp-ls``, ``dp-newton``, ``dp-fc`` or ``dp-sgd-linear``.
+      method: ``dp-ls``, ``dp-newton``, ``dp-fc``, ``dp-sgd-linear`` (on features) or
+        ``dp-sgd`` (deep models, see :class:`dpvision.training.options.DPSGDOptions`).
       features: a feature spec (``pixels``, ``scatternet``, ``scatternet:pool=2``, …).
       epsilon: the target ε of the whole run (``inf``: no noise); or give noise_multiplier.
       delta: the target δ.
@@ -174,6 +175,11 @@ def validate(config: TrainConfig) -> TrainConfig:
         from dpvision.accounting import parse_accountant
 
         parse_accountant(config.accountant)
+    if config.method == "dp-sgd":
+        from dpvision.training.options import DPSGDOptions
+
+        DPSGDOptions.from_dict(config.learner)
+        return config
     allowed = set(LEARNERS[config.method]().get_params()) - {
         "target_epsilon",
         "target_delta",

@@ -98,8 +98,19 @@ def preprocess(
     return centering.transform(train), centering.transform(test)
 
 
-def run_training(config: TrainConfig, *, quiet: bool = False) -> dict[str, Any]:
-    """Trains and evaluates one configuration; returns the result dict (DESIGN.md contract)."""
+def run_training(
+    config: TrainConfig, *, quiet: bool = False, checkpoint: str | Path | None = None
+) -> dict[str, Any]:
+    """Trains and evaluates one configuration; returns the result dict (DESIGN.md contract).
+
+    ``checkpoint`` (``dp-sgd`` only): a file to resume from when it exists and to write to.
+    """
+    if config.method == "dp-sgd":
+        from dpvision.training.trainer import run_dpsgd
+
+        return run_dpsgd(config, quiet=quiet, checkpoint=checkpoint)
+    if checkpoint is not None:
+        raise DPVisionError(f"--checkpoint is for --method dp-sgd, not {config.method}")
     from dpvision.data import load_dataset
     from dpvision.features import load_or_extract, parse_feature_spec
     from dpvision.learners import LEARNERS

@@ -38,7 +38,9 @@ class ScatterCNN(nn.Module):
     Args:
         feature_shape: (K, h, w) of the ScatterNet features: (81, 7, 7) or (243, 8, 8).
         num_classes: Number of output logits.
-        groups: Groups of the input GroupNorm (27 in Tramèr & Boneh); must divide K.
+        groups: Groups of the input GroupNorm (27 in Tramèr & Boneh); must divide K. 0 means
+            no input norm, for features normalised beforehand (PrivDataNorm, "BN" in the
+            paper).
 
     Raises:
         DPVisionError: Another feature shape, ``groups`` not dividing K, or fewer than two
@@ -55,14 +57,17 @@ class ScatterCNN(nn.Module):
         shape = check_shape(feature_shape, "feature_shape")
         num_classes = check_num_classes(num_classes)
         channels = shape[0]
-        if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
-            raise DPVisionError(f"groups must be a positive integer, got {groups!r}")
-        if channels % groups:
+        if isinstance(groups, bool) or not isinstance(groups, int) or groups < 0:
+            raise DPVisionError(f"groups must be a non-negative integer, got {groups!r}")
+        if groups and channels % groups:
             raise DPVisionError(
                 f"groups={groups} does not divide the {channels} feature channels; pick a "
                 f"divisor of {channels} (Tramèr & Boneh use 27)"
             )
-        self.norm = nn.GroupNorm(groups, channels, affine=False)
+        # groups = 0: no input norm (the features were normalised before, e.g. privately).
+        self.norm: nn.Module = (
+            nn.GroupNorm(groups, channels, affine=False) if groups else nn.Identity()
+        )
         if shape == MNIST_FEATURE_SHAPE:
             # 7 → conv 3/2 pad 1 → 4 → conv 3/1 pad 1 → 4.
             self.features = nn.Sequential(

@@ -8,13 +8,17 @@ the noise. The privatised gradient is handed to any torch optimizer (SGD, moment
 and an exponential moving average of the parameters can follow each logical step.
 """
 
+import math
 from collections.abc import Callable, Iterable
 
 import torch
 
 from dpvision.accounting import PrivacyLedger
+from dpvision.errors import DPVisionError
 from dpvision.mechanisms import gaussian_noise
-from dpvision.training.per_example import clipped_gradient_sum
+from dpvision.training.per_example import ClippedGradientSum, clipped_gradient_sum
+
+CLIPPING_METHODS = ("auto", "bookkeeping", "vmap")
 
 
 def ema_decay(decay: float, step: int) -> float:
@@ -39,6 +43,18 @@ class ParameterEMA:
             self.shadow[name].mul_(mu).add_(param.detach(), alpha=1 - mu)
         self.step += 1
 
+    def state_dict(self) -> dict[str, object]:
+        """The decay, the step count and the averaged parameters, for checkpoints."""
+        return {"decay": self.decay, "step": self.step, "shadow": dict(self.shadow)}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        """Restores :meth:`state_dict`."""
+        shadow = state["shadow"]
+        assert isinstance(shadow, dict)
+        for name, value in shadow.items():
+            self.shadow[name].copy_(value)
+        self.step = int(state["step"])  # type: ignore[call-overload]
+
 
 class DPSGDStep:
     """Privatises and applies one logical step of DP-SGD.
@@ -54,11 +70,18 @@ class DPSGDStep:
       ledger: where every logical step is recorded.
       generator: the noise generator (seeded identically on every worker when distributed).
       views: whether inputs carry K augmented views per example, (B, K, ...).
+      clipping: how per-example gradients are clipped: ``auto`` (book-keeping norms for
+        linear, convolution and group-norm layers, the torch.func reference otherwise),
+        ``bookkeeping`` or ``vmap``. All give the same clipped sum.
+      normalize_update: jax_privacy's ``rescale_to_unit_norm`` (the normalised DP-SGD of
+        De et al.): the noisy sum is divided by C as well, so the update no longer scales
+        with C. The release and its sensitivity are unchanged.
 
     Privacy:
       Each call releases Σᵢ clip(gᵢ, C) + N(0, (σC)² I) over the examples of one Poisson
       batch, L2 sensitivity C, recorded as one Poisson-sampled Gaussian step at rate q.
-      Everything after (division by qN, the optimizer, the EMA) is post-processing.
+      Everything after (division by qN, the optimizer, the EMA) is post-processing. With
+      σ = 0 nothing is private and the ledger says so (a non-private baseline).
     """
 
     def __init__(
@@ -74,12 +97,22 @@ class DPSGDStep:
         ledger: PrivacyLedger,
         generator: torch.Generator,
         views: bool = False,
+        clipping: str = "auto",
+        normalize_update: bool = False,
     ) -> None:
+        if clipping not in CLIPPING_METHODS:
+            raise DPVisionError(
+                f"unknown clipping {clipping!r}; choose one of {', '.join(CLIPPING_METHODS)}"
+            )
+        if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
+            raise DPVisionError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
         self.noise_multiplier, self.max_grad_norm = noise_multiplier, max_grad_norm
         self.sample_rate, self.num_examples = sample_rate, num_examples
         self.ledger, self.generator, self.views = ledger, generator, views
+        self.clipping, self.normalize_update = clipping, normalize_update
         self.nonfinite = 0
+        self.last_batch_size = 0
 
     def __call__(self, micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Applies one logical step whose examples arrive as (inputs, targets) micro-batches.
@@ -89,10 +122,45 @@ class DPSGDStep:
         params = [p for p in self.model.parameters() if p.requires_grad]
         names = [k for k, p in self.model.named_parameters() if p.requires_grad]
         total = [torch.zeros_like(p) for p in params]
+        self.last_batch_size = 0
         for inputs, targets in micro_batches:
             if len(inputs) == 0:
                 continue
-            clipped = clipped_gradient_sum(
+            clipped = self._clip(inputs, targets)
+            self.nonfinite += clipped.nonfinite
+            self.last_batch_size += len(inputs)
+            for acc, name in zip(total, names, strict=True):
+                acc += clipped.grads[name]
+        scale = self.sample_rate * self.num_examples
+        if self.normalize_update:
+            scale *= self.max_grad_norm
+        for acc, param in zip(total, params, strict=True):
+            if self.noise_multiplier > 0:
+                acc += gaussian_noise(
+                    acc.shape,
+                    l2_sensitivity=self.max_grad_norm,
+                    noise_multiplier=self.noise_multiplier,
+                    dtype=acc.dtype,
+                    device=acc.device,
+                    generator=self.generator,
+                )
+            param.grad = acc / scale
+        if self.noise_multiplier > 0:
+            # The noise for all parameters together is one Gaussian release of sensitivity C.
+            self.ledger.record(
+                noise_multiplier=self.noise_multiplier,
+                sample_rate=self.sample_rate,
+                l2_sensitivity=self.max_grad_norm,
+                released="DP-SGD clipped gradient sum",
+            )
+        else:
+            self.ledger.record_non_private(released="DP-SGD clipped gradient sum without noise")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _clip(self, inputs: torch.Tensor, targets: torch.Tensor) -> ClippedGradientSum:
+        if self.clipping == "vmap":
+            return clipped_gradient_sum(
                 self.model,
                 self.loss_fn,
                 inputs,
@@ -100,26 +168,14 @@ class DPSGDStep:
                 max_grad_norm=self.max_grad_norm,
                 views=self.views,
             )
-            self.nonfinite += clipped.nonfinite
-            for acc, name in zip(total, names, strict=True):
-                acc += clipped.grads[name]
-        expected_batch = self.sample_rate * self.num_examples
-        for acc, param in zip(total, params, strict=True):
-            noise = gaussian_noise(
-                acc.shape,
-                l2_sensitivity=self.max_grad_norm,
-                noise_multiplier=self.noise_multiplier,
-                dtype=acc.dtype,
-                device=acc.device,
-                generator=self.generator,
-            )
-            param.grad = (acc + noise) / expected_batch
-        # The noise for all parameters together is one Gaussian release of sensitivity C.
-        self.ledger.record(
-            noise_multiplier=self.noise_multiplier,
-            sample_rate=self.sample_rate,
-            l2_sensitivity=self.max_grad_norm,
-            released="DP-SGD clipped gradient sum",
+        from dpvision.training.bookkeeping import clip_and_sum
+
+        return clip_and_sum(
+            self.model,
+            self.loss_fn,
+            inputs,
+            targets,
+            max_grad_norm=self.max_grad_norm,
+            views=self.views,
+            method=self.clipping,
         )
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)

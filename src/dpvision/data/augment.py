@@ -1,0 +1,103 @@
+"""Augmentation multiplicity: K random crop + flip views of each example, made on the fly.
+
+De et al. (2022, §3.1) draw K augmented views of every example in a logical batch and clip
+the *average* of the K view-gradients; the views are made here, after per-dataset
+normalisation, as in jax_privacy and TAN:
+
+* pad each image by ``padding`` pixels on every side (``reflect`` as TAN/DP-RandP,
+  ``symmetric`` as jax_privacy's edge-repeating mirror, or ``zeros``);
+* crop a random window of the original size (offsets uniform in [0, 2·padding]);
+* flip horizontally with probability ½.
+
+All views of a batch are cut with one gather, and the randomness comes from a
+``torch.Generator`` whose state is checkpointed with the run, so a resumed run draws the
+same views. Augmentation touches each example only through its own views: it does not
+change the sensitivity of the clipped sum (each example still contributes one clipped
+gradient, the mean over its views).
+
+>>> import torch
+>>> images = torch.arange(2 * 1 * 4 * 4, dtype=torch.float32).reshape(2, 1, 4, 4)
+>>> views = augment_views(images, 3, torch.Generator().manual_seed(0), padding=1)
+>>> views.shape
+torch.Size([2, 3, 1, 4, 4])
+>>> bool((augment_views(images, 2, torch.Generator(), padding=0, flip=False)[:, 1] == images).all())
+True
+"""
+
+import torch
+import torch.nn.functional as F  # noqa: N812 (the usual PyTorch alias)
+
+from dpvision.errors import DPVisionError
+
+PADDING_MODES = ("reflect", "symmetric", "zeros")
+
+
+def _pad(images: torch.Tensor, padding: int, mode: str) -> torch.Tensor:
+    if mode == "zeros":
+        return F.pad(images, (padding,) * 4)
+    if mode == "reflect":
+        return F.pad(images, (padding,) * 4, mode="reflect")
+    # symmetric: mirror including the edge pixel (numpy's "symmetric", jax_privacy's padding).
+    height, width = images.shape[-2:]
+    rows = torch.arange(-padding, height + padding)
+    cols = torch.arange(-padding, width + padding)
+    rows = torch.where(
+        rows < 0, -rows - 1, torch.where(rows >= height, 2 * height - rows - 1, rows)
+    )
+    cols = torch.where(cols < 0, -cols - 1, torch.where(cols >= width, 2 * width - cols - 1, cols))
+    return images[..., rows[:, None], cols[None, :]]
+
+
+def augment_views(
+    images: torch.Tensor,
+    views: int,
+    generator: torch.Generator,
+    *,
+    padding: int = 4,
+    flip: bool = True,
+    mode: str = "reflect",
+) -> torch.Tensor:
+    """K random crop (after padding) and horizontal-flip views of each image.
+
+    Args:
+      images: float (B, C, H, W).
+      views: K ≥ 1, the augmentation multiplicity.
+      generator: the source of randomness (CPU generator; its state is part of a checkpoint).
+      padding: pixels padded on each side before cropping back to H × W (0: no crop).
+      flip: whether each view is flipped horizontally with probability ½.
+      mode: ``reflect``, ``symmetric`` or ``zeros`` padding.
+
+    Returns:
+      (B, K, C, H, W) views on the device of ``images``.
+    """
+    if images.dim() != 4:
+        raise DPVisionError(
+            f"augment_views expects (B, C, H, W) images, got shape {tuple(images.shape)}"
+        )
+    if views < 1:
+        raise DPVisionError(f"augmult must be >= 1 views, got {views}")
+    if mode not in PADDING_MODES:
+        raise DPVisionError(
+            f"unknown padding mode {mode!r}; choose one of {', '.join(PADDING_MODES)}"
+        )
+    batch, _, height, width = images.shape
+    if padding >= min(height, width) and mode != "zeros":
+        raise DPVisionError(f"padding {padding} is too large for {height}×{width} images")
+    padded = _pad(images, padding, mode) if padding else images
+    shape = (batch, views)
+    dy = torch.randint(0, 2 * padding + 1, shape, generator=generator)
+    dx = torch.randint(0, 2 * padding + 1, shape, generator=generator)
+    flips = (
+        torch.rand(shape, generator=generator) < 0.5
+        if flip
+        else torch.zeros(shape, dtype=torch.bool)
+    )
+    cols = torch.arange(width)
+    cols = torch.where(flips[..., None], width - 1 - cols, cols)  # (B, K, W)
+    rows = dy[..., None] + torch.arange(height)  # (B, K, H)
+    cols = dx[..., None] + cols
+    device = images.device
+    index_b = torch.arange(batch, device=device).view(batch, 1, 1, 1)
+    # Advanced indices around the channel slice put their broadcast dims first: (B, K, H, W, C).
+    out = padded[index_b, :, rows.to(device)[..., :, None], cols.to(device)[..., None, :]]
+    return out.permute(0, 1, 4, 2, 3).contiguous()

@@ -1,0 +1,173 @@
+"""The ``[learner]`` table of ``--method dp-sgd``: one frozen dataclass, validated on load.
+
+Names follow Opacus and jax_privacy: ``max_grad_norm`` (C), ``batch_size`` (the *expected*
+logical batch size; the Poisson rate is q = batch_size / N), ``physical_batch_size`` (a
+memory knob: examples per micro-batch, never changes the noise), ``augmult`` (K views per
+example), ``ema_decay`` (μ; 0 turns the average off).
+"""
+
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from dpvision.errors import DPVisionError
+
+OPTIMIZERS = ("sgd", "adam")
+NORMALIZATIONS = ("none", "dataset")
+_WRN = re.compile(r"^wrn-(\d+)-(\d+)$")
+MODELS_HELP = "tanh-cnn, scatter-cnn, wrn-DEPTH-WIDTH (e.g. wrn-16-4)"
+
+
+@dataclass(frozen=True)
+class DPSGDOptions:
+    """Hyper-parameters of one DP-SGD run (De et al. 2022; Tramèr & Boneh 2021).
+
+    Attributes:
+      model: ``tanh-cnn`` (pixels, 1×28×28 or 3×32×32), ``scatter-cnn`` (ScatterNet
+        features), ``wrn-D-K`` (Wide-ResNet with GroupNorm and WS convolutions).
+      batch_size: expected logical batch size B; Poisson sampling at q = B/N.
+      physical_batch_size: examples per micro-batch (each with its K views); memory only.
+      steps: logical steps T; if unset, ``epochs``.
+      epochs: T = ceil(epochs / q) when ``steps`` is unset.
+      learning_rate, momentum, optimizer (``sgd`` or ``adam``), weight_decay: the optimizer
+        on the privatised gradient (weight decay acts on the parameters only, no data).
+      nesterov: Nesterov momentum for ``sgd``.
+      max_grad_norm: C, the per-example clipping norm.
+      normalize_update: divide the noisy sum by C too (jax_privacy ``rescale_to_unit_norm``).
+      augmult: K augmented views per example (0: no augmentation).
+      crop_padding, flip, padding_mode: the views' random crop and flip.
+      ema_decay: μ of the parameter EMA (0: off); reported accuracy is then the EMA's.
+      groups: input GroupNorm groups of ``scatter-cnn`` (0: none, e.g. after private-norm);
+        GroupNorm groups of ``wrn``.
+      normalization: ``dataset`` (published per-dataset mean/std, public constants) or
+        ``none`` (pixels in [0, 1]).
+      clipping: ``auto``, ``bookkeeping`` or ``vmap`` (same result, different speed).
+      eval_every: evaluate on the test set every this many steps (0: only at the end).
+      checkpoint_every: write the checkpoint every this many steps (with ``--checkpoint``).
+      eval_batch_size: examples per evaluation batch.
+    """
+
+    model: str = "tanh-cnn"
+    batch_size: int = 256
+    physical_batch_size: int = 256
+    steps: int | None = None
+    epochs: float | None = 10.0
+    learning_rate: float = 1.0
+    momentum: float = 0.0
+    nesterov: bool = False
+    optimizer: str = "sgd"
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    normalize_update: bool = False
+    augmult: int = 0
+    crop_padding: int = 4
+    flip: bool = True
+    padding_mode: str = "reflect"
+    ema_decay: float = 0.0
+    groups: int = 27
+    normalization: str = "none"
+    clipping: str = "auto"
+    eval_every: int = 0
+    checkpoint_every: int = 100
+    eval_batch_size: int = 1024
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "DPSGDOptions":
+        """Builds and validates the options; unknown keys and bad values are one-line errors."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        values: dict[str, Any] = {}
+        for key, value in raw.items():
+            if key not in fields:
+                raise DPVisionError(
+                    f"unknown learner option {key!r} for dp-sgd; valid: {', '.join(sorted(fields))}"
+                )
+            values[key] = _coerce(key, value, _type_name(fields[key].type))
+        if "steps" in values and values["steps"] is not None and "epochs" not in values:
+            values["epochs"] = None
+        return cls(**values).validated()
+
+    def validated(self) -> "DPSGDOptions":
+        from dpvision.data.augment import PADDING_MODES
+        from dpvision.training.engine import CLIPPING_METHODS
+
+        parse_model(self.model)
+        positive = {
+            "batch_size": self.batch_size,
+            "physical_batch_size": self.physical_batch_size,
+            "learning_rate": self.learning_rate,
+            "max_grad_norm": self.max_grad_norm,
+            "eval_batch_size": self.eval_batch_size,
+        }
+        for name, value in positive.items():
+            if not value > 0:
+                raise DPVisionError(f"learner.{name} must be > 0, got {value}")
+        if self.steps is None and self.epochs is None:
+            raise DPVisionError("give learner.steps or learner.epochs")
+        if self.steps is not None and self.epochs is not None:
+            raise DPVisionError("give only one of learner.steps and learner.epochs")
+        if self.steps is not None and self.steps < 1:
+            raise DPVisionError(f"learner.steps must be >= 1, got {self.steps}")
+        if self.epochs is not None and not self.epochs > 0:
+            raise DPVisionError(f"learner.epochs must be > 0, got {self.epochs}")
+        for name in ("momentum", "weight_decay", "augmult", "crop_padding", "groups"):
+            if getattr(self, name) < 0:
+                raise DPVisionError(f"learner.{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("eval_every", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise DPVisionError(f"learner.{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.ema_decay < 1:
+            raise DPVisionError(f"learner.ema_decay must be in [0, 1), got {self.ema_decay}")
+        choices = {
+            "optimizer": OPTIMIZERS,
+            "normalization": NORMALIZATIONS,
+            "padding_mode": PADDING_MODES,
+            "clipping": CLIPPING_METHODS,
+        }
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise DPVisionError(
+                    f"unknown learner.{name} {getattr(self, name)!r}; choose one of "
+                    f"{', '.join(allowed)}"
+                )
+        return self
+
+
+def parse_model(name: str) -> tuple[str, dict[str, int]]:
+    """``tanh-cnn`` → ("tanh-cnn", {}); ``wrn-16-4`` → ("wrn", {"depth": 16, "width": 4})."""
+    if name in ("tanh-cnn", "scatter-cnn"):
+        return name, {}
+    match = _WRN.match(name)
+    if match:
+        depth, width = int(match.group(1)), int(match.group(2))
+        if (depth - 4) % 6 or depth < 10 or width < 1:
+            raise DPVisionError(f"model {name}: a WRN needs depth = 6n + 4 >= 10 and width >= 1")
+        return "wrn", {"depth": depth, "width": width}
+    raise DPVisionError(f"unknown model {name!r}; choose one of: {MODELS_HELP}")
+
+
+def _type_name(kind: Any) -> str:
+    return kind.__name__ if isinstance(kind, type) else str(kind)
+
+
+def _coerce(name: str, value: Any, kind: str) -> Any:
+    where = f"learner.{name}"
+    if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+        if "None" in kind:
+            return None
+        raise DPVisionError(f"{where} cannot be empty")
+    if kind.startswith("bool"):
+        if not isinstance(value, bool):
+            raise DPVisionError(f"{where} must be true or false, got {value!r}")
+        return value
+    if kind.startswith("int"):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise DPVisionError(f"{where} must be a whole number, got {value!r}")
+        return value
+    if kind.startswith("float"):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise DPVisionError(f"{where} must be a number, got {value!r}")
+        return float(value)
+    if not isinstance(value, str):
+        raise DPVisionError(f"{where} must be a string, got {value!r}")
+    return value

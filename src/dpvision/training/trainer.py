@@ -1,0 +1,526 @@
+"""``dpvision train --method dp-sgd``: DP-SGD on deep image models, end to end.
+
+One logical step (De et al. 2022, Alg. 1, with the choices of TAN/DP-RandP):
+
+1. Poisson-sample the logical batch at q = B/N (:class:`dpvision.mechanisms.PoissonSampler`);
+2. cut it into physical micro-batches of ``physical_batch_size`` examples; make K augmented
+   views of each example (:func:`dpvision.data.augment.augment_views`) when ``augmult`` ≥ 1;
+3. clip each example's gradient (the mean over its views) to C, sum, add N(0, (σC)²) once,
+   divide by the public qN (:class:`dpvision.training.DPSGDStep`), step the optimizer;
+4. update the parameter EMA once.
+
+Checkpoints hold the model, the optimizer, the EMA, the sampler's RNG, the noise and
+augmentation generators and the ledger, and are written atomically; a run killed at any
+point and resumed from its checkpoint ends with the same parameters and the same ledger as
+an uninterrupted run. A checkpoint written by a different configuration is refused.
+"""
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F  # noqa: N812 (the usual PyTorch alias)
+
+from dpvision.accounting import PrivacyLedger
+from dpvision.config import TrainConfig
+from dpvision.errors import DPVisionError
+from dpvision.training.engine import DPSGDStep, ParameterEMA
+from dpvision.training.options import DPSGDOptions, parse_model
+
+CHECKPOINT_FORMAT = "dpvision-dpsgd-checkpoint-v1"
+
+# Published per-dataset channel statistics, used as public constants (as in every paper of
+# the field); ``normalization = "none"`` keeps pixels in [0, 1] instead.
+DATASET_STATISTICS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
+    "mnist": ((0.1307,), (0.3081,)),
+    "fashion-mnist": ((0.2860,), (0.3530,)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),  # jax_privacy
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+}
+
+# Config fields that change neither the algorithm nor its privacy: a run may be resumed with
+# other values of these (for example a smaller physical batch after running out of memory).
+_RESUMABLE_CHANGES = frozenset(
+    {
+        "data_dir",
+        "physical_batch_size",
+        "clipping",
+        "eval_every",
+        "checkpoint_every",
+        "eval_batch_size",
+    }
+)
+
+
+def _say(message: str, quiet: bool) -> None:
+    if not quiet:
+        print(f"[dpvision] {message}", file=sys.stderr, flush=True)
+
+
+def _seeds(seed: int) -> dict[str, int]:
+    """Independent seeds for each source of randomness, derived from the run's seed."""
+    names = ("preprocessing", "init", "sampler", "noise", "augment")
+    states = np.random.SeedSequence([seed, 4]).generate_state(len(names), dtype=np.uint64)
+    return {name: int(value) % 2**63 for name, value in zip(names, states, strict=True)}
+
+
+def run_dpsgd(
+    config: TrainConfig, *, quiet: bool = False, checkpoint: str | Path | None = None
+) -> dict[str, Any]:
+    """Trains one DP-SGD configuration and returns the result dict (DESIGN.md contract).
+
+    Args:
+      config: a validated config with ``method = "dp-sgd"``.
+      quiet: no progress lines on stderr.
+      checkpoint: a checkpoint file; resumed from when it exists, written every
+        ``learner.checkpoint_every`` steps and at the end.
+
+    Privacy:
+      Every logical step releases the noisy clipped gradient sum (sensitivity C, σ, rate q)
+      and is recorded in the ledger; private preprocessing (``private-norm``) is recorded
+      before. The reported ε is the ledger's at ``config.delta``; with a target ε the σ is
+      calibrated so that it never exceeds the target.
+    """
+    from dpvision.accounting import calibrate_noise_multiplier, default_accountant
+
+    start = time.perf_counter()
+    options = DPSGDOptions.from_dict(config.learner)
+    seeds = _seeds(config.seed)
+    data = _load_data(config, options, seeds["preprocessing"], quiet)
+    num_train = len(data.train_y)
+    if options.batch_size > num_train:
+        raise DPVisionError(
+            f"learner.batch_size {options.batch_size} exceeds the {num_train} training examples"
+        )
+    sample_rate = options.batch_size / num_train
+    steps = options.steps if options.steps is not None else math.ceil(options.epochs / sample_rate)
+    ledger = data.ledger
+    noise_off = (config.epsilon is not None and math.isinf(config.epsilon)) or (
+        config.noise_multiplier == 0
+    )
+    if noise_off:
+        sigma = 0.0
+    elif config.noise_multiplier is not None:
+        sigma = config.noise_multiplier
+    else:
+        assert config.epsilon is not None
+        sigma = calibrate_noise_multiplier(
+            target_epsilon=config.epsilon,
+            target_delta=config.delta,
+            sample_rate=sample_rate,
+            steps=steps,
+            accountant=config.accountant,
+            preceding_event=ledger.dp_event() if len(ledger) else None,
+        )
+    _check_memory(options, data.train_x.shape[1:])
+
+    torch.manual_seed(seeds["init"])
+    model = build_model(options, tuple(data.train_x.shape[1:]), data.num_classes)
+    optimizer = _optimizer(options, model)
+    sampler = _sampler(num_train, sample_rate, steps, seeds["sampler"])
+    noise_generator = torch.Generator().manual_seed(seeds["noise"])
+    augment_generator = torch.Generator().manual_seed(seeds["augment"])
+    ema = ParameterEMA(model, options.ema_decay) if options.ema_decay > 0 else None
+    step_fn = DPSGDStep(
+        model=model,
+        optimizer=optimizer,
+        loss_fn=lambda out, y: F.cross_entropy(out, y, reduction="none"),
+        noise_multiplier=sigma,
+        max_grad_norm=options.max_grad_norm,
+        sample_rate=sample_rate,
+        num_examples=num_train,
+        ledger=ledger,
+        generator=noise_generator,
+        views=options.augmult > 0,
+        clipping=options.clipping,
+        normalize_update=options.normalize_update,
+    )
+    fingerprint = config_fingerprint(config)
+    history: list[dict[str, Any]] = []
+    state = {
+        "model": model,
+        "optimizer": optimizer,
+        "ema": ema,
+        "sampler": sampler,
+        "noise": noise_generator,
+        "augment": augment_generator,
+        "step_fn": step_fn,
+        "history": history,
+    }
+    if checkpoint is not None and Path(checkpoint).exists():
+        ledger = _resume(Path(checkpoint), config, fingerprint, state)
+        step_fn.ledger = ledger
+        _say(f"resumed from {checkpoint} at step {sampler.step} of {steps}", quiet)
+    _say(
+        f"dp-sgd {options.model} ({sum(p.numel() for p in model.parameters())} parameters) on "
+        f"{num_train} examples: {steps} steps at q = {sample_rate:.4g}, σ = {sigma:.4g}, "
+        f"C = {options.max_grad_norm:g}, K = {options.augmult}",
+        quiet,
+    )
+    last_report = time.perf_counter()
+    while sampler.step < steps:
+        indices = sampler.sample()
+        sampler.step += 1
+        try:
+            step_fn(_micro_batches(data, indices, options, augment_generator))
+        except RuntimeError as error:
+            raise _memory_error(error, options) from None
+        if ema is not None:
+            ema.update(model)
+        done = sampler.step
+        if options.eval_every and done % options.eval_every == 0 and done < steps:
+            history.append({"step": done, **_evaluate(model, ema, data, options)})
+            _say(f"step {done}/{steps}: {history[-1]}", quiet)
+        elif time.perf_counter() - last_report > 30:
+            _say(f"step {done}/{steps}", quiet)
+            last_report = time.perf_counter()
+        if checkpoint is not None and (
+            (options.checkpoint_every and done % options.checkpoint_every == 0) or done == steps
+        ):
+            save_checkpoint(Path(checkpoint), config, fingerprint, state, ledger)
+    final = _evaluate(model, ema, data, options)
+    history.append({"step": sampler.step, **final})
+    accountant = config.accountant or default_accountant(ledger.dp_event()).value
+    epsilon = ledger.epsilon(config.delta, config.accountant) if ledger.is_private else math.inf
+    return {
+        "dataset": data.name,
+        "method": config.method,
+        "features": config.features,
+        "model": options.model,
+        "test_accuracy": final["test_accuracy_ema"] if ema is not None else final["test_accuracy"],
+        "test_accuracy_last": final["test_accuracy"],
+        "test_accuracy_ema": final.get("test_accuracy_ema"),
+        "epsilon": epsilon,
+        "delta": config.delta,
+        "accountant": accountant,
+        "noise_multiplier": sigma if sigma > 0 else None,
+        "steps": steps,
+        "sample_rate": sample_rate,
+        "n_train": num_train,
+        "n_test": len(data.test_y),
+        "num_features": int(np.prod(data.train_x.shape[1:])),
+        "num_parameters": int(sum(p.numel() for p in model.parameters())),
+        "nonfinite_gradients": step_fn.nonfinite,
+        "seed": config.seed,
+        "wall_seconds": time.perf_counter() - start,
+        "epsilon_zcdp": None,
+        "history": history,
+        "privacy_ledger": ledger.to_dict()["entries"],
+        "config": config.to_dict(),
+    }
+
+
+@dataclasses.dataclass
+class _Data:
+    name: str
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    num_classes: int
+    ledger: PrivacyLedger
+
+
+def _load_data(config: TrainConfig, options: DPSGDOptions, seed: int, quiet: bool) -> _Data:
+    """Images (normalised) or ScatterNet feature maps, as float tensors (N, C, H, W)."""
+    from dpvision.data import load_dataset
+    from dpvision.data.core import images_to_tensor
+    from dpvision.features import feature_shape, load_or_extract, parse_feature_spec
+    from dpvision.pipeline import preprocess
+
+    _say(f"loading dataset {config.dataset}", quiet)
+    dataset = load_dataset(config.dataset, config.data_dir)
+    ledger = PrivacyLedger()
+    train_y = torch.as_tensor(np.asarray(dataset.train_labels), dtype=torch.long)
+    test_y = torch.as_tensor(np.asarray(dataset.test_labels), dtype=torch.long)
+    spec = parse_feature_spec(config.features)
+    if config.features == "pixels":
+        if config.preprocessing.kind != "none":
+            raise DPVisionError(
+                "dp-sgd on pixels takes no feature preprocessing; set preprocessing.kind = "
+                "'none' (use learner.normalization for per-dataset pixel normalisation)"
+            )
+        train_x = images_to_tensor(dataset.train_images)
+        test_x = images_to_tensor(dataset.test_images)
+        if options.normalization == "dataset":
+            if dataset.name not in DATASET_STATISTICS:
+                raise DPVisionError(
+                    f"no published statistics for {dataset.name}; set learner.normalization "
+                    f"= 'none' (known: {', '.join(DATASET_STATISTICS)})"
+                )
+            mean, std = (torch.tensor(v).view(-1, 1, 1) for v in DATASET_STATISTICS[dataset.name])
+            train_x, test_x = (train_x - mean) / std, (test_x - mean) / std
+        return _Data(dataset.name, train_x, train_y, test_x, test_y, dataset.num_classes, ledger)
+    if options.augmult:
+        raise DPVisionError(
+            "augmult needs pixel inputs: ScatterNet features are extracted once, so set "
+            "learner.augmult = 0 with features other than pixels"
+        )
+    if spec.projection_dim is not None or spec.pool != 1:
+        raise DPVisionError("dp-sgd takes unpooled, unprojected feature maps (e.g. scatternet)")
+    shape = feature_shape(
+        tuple(dataset.train_images.shape[1:]), dataclasses.replace(spec, flatten=False)
+    )
+    train, test = load_or_extract(dataset, spec, progress=not quiet)
+    train, test = preprocess(config, train, test, int(shape[0]), ledger, seed)
+    train_x = torch.from_numpy(np.ascontiguousarray(train, dtype=np.float32)).view(-1, *shape)
+    test_x = torch.from_numpy(np.ascontiguousarray(test, dtype=np.float32)).view(-1, *shape)
+    return _Data(dataset.name, train_x, train_y, test_x, test_y, dataset.num_classes, ledger)
+
+
+def build_model(
+    options: DPSGDOptions, input_shape: tuple[int, ...], num_classes: int
+) -> torch.nn.Module:
+    """The model named by ``options.model`` for inputs of ``input_shape``, validated."""
+    from dpvision.models import scatter_cnn, tanh_cnn, validate_model, wide_resnet
+
+    kind, sizes = parse_model(options.model)
+    if kind == "tanh-cnn":
+        model: torch.nn.Module = tanh_cnn(input_shape, num_classes=num_classes)
+    elif kind == "scatter-cnn":
+        model = scatter_cnn(input_shape, num_classes=num_classes, groups=options.groups)
+    else:
+        groups = options.groups if 16 % max(options.groups, 1) == 0 else 16
+        model = wide_resnet(
+            sizes["depth"],
+            sizes["width"],
+            num_classes=num_classes,
+            groups=groups,
+            in_channels=input_shape[0],
+        )
+    validate_model(model)
+    return model
+
+
+def _optimizer(options: DPSGDOptions, model: torch.nn.Module) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if options.optimizer == "adam":
+        return torch.optim.Adam(params, lr=options.learning_rate, weight_decay=options.weight_decay)
+    return torch.optim.SGD(
+        params,
+        lr=options.learning_rate,
+        momentum=options.momentum,
+        nesterov=options.nesterov,
+        weight_decay=options.weight_decay,
+    )
+
+
+def _sampler(num_train: int, sample_rate: float, steps: int, seed: int) -> Any:
+    from dpvision.mechanisms import PoissonSampler
+
+    return PoissonSampler(num_examples=num_train, sample_rate=sample_rate, steps=steps, seed=seed)
+
+
+def _micro_batches(
+    data: _Data, indices: np.ndarray, options: DPSGDOptions, generator: torch.Generator
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The logical batch ``indices`` in physical chunks, with K views each when augmult ≥ 1."""
+    from dpvision.data.augment import augment_views
+
+    index = torch.as_tensor(indices, dtype=torch.long)
+    for chunk in index.split(options.physical_batch_size):
+        inputs = data.train_x[chunk]
+        if options.augmult:
+            inputs = augment_views(
+                inputs,
+                options.augmult,
+                generator,
+                padding=options.crop_padding,
+                flip=options.flip,
+                mode=options.padding_mode,
+            )
+        yield inputs, data.train_y[chunk]
+
+
+@torch.no_grad()
+def _accuracy(
+    model: torch.nn.Module,
+    params: dict[str, torch.Tensor] | None,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch: int,
+) -> float:
+    from torch.func import functional_call
+
+    correct = 0
+    for xb, yb in zip(x.split(batch), y.split(batch), strict=True):
+        out = model(xb) if params is None else functional_call(model, params, (xb,))
+        correct += int((out.argmax(1) == yb).sum())
+    return correct / max(len(y), 1)
+
+
+def _evaluate(
+    model: torch.nn.Module, ema: ParameterEMA | None, data: _Data, options: DPSGDOptions
+) -> dict[str, float]:
+    """Test accuracy of the raw parameters and, with an EMA, of the averaged ones.
+
+    Privacy: the test set is not private training data; nothing here touches the
+    training examples.
+    """
+    out = {
+        "test_accuracy": _accuracy(model, None, data.test_x, data.test_y, options.eval_batch_size)
+    }
+    if ema is not None:
+        out["test_accuracy_ema"] = _accuracy(
+            model, ema.shadow, data.test_x, data.test_y, options.eval_batch_size
+        )
+    return out
+
+
+# --- memory -------------------------------------------------------------------------------
+
+
+def _available_memory() -> int | None:
+    try:
+        with open("/proc/meminfo") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _check_memory(options: DPSGDOptions, input_shape: torch.Size) -> None:
+    """Refuses a physical batch whose input views alone would not fit in memory."""
+    available = _available_memory()
+    views = max(options.augmult, 1)
+    needed = options.physical_batch_size * views * int(np.prod(input_shape)) * 4
+    if available is not None and needed > available:
+        raise DPVisionError(
+            _memory_advice(options, f"its inputs alone need {needed / 2**30:.1f} GiB")
+        )
+
+
+def _memory_advice(options: DPSGDOptions, what: str) -> str:
+    smaller = max(options.physical_batch_size // 4, 1)
+    return (
+        f"learner.physical_batch_size = {options.physical_batch_size} (× {max(options.augmult, 1)} "
+        f"views) does not fit in memory ({what}); lower it, e.g. --set "
+        f"learner.physical_batch_size={smaller} (it changes speed, not the privacy or the result)"
+    )
+
+
+def _memory_error(error: RuntimeError, options: DPSGDOptions) -> BaseException:
+    text = str(error)
+    if (
+        isinstance(error, torch.OutOfMemoryError)
+        or "out of memory" in text
+        or "can't allocate" in text
+    ):
+        return DPVisionError(_memory_advice(options, "the allocator ran out"))
+    return error
+
+
+# --- checkpoints --------------------------------------------------------------------------
+
+
+def config_fingerprint(config: TrainConfig) -> str:
+    """A hash of everything in the config that changes the run (not memory or logging knobs)."""
+    return hashlib.sha256(json.dumps(_significant(config), sort_keys=True).encode()).hexdigest()[
+        :16
+    ]
+
+
+def _significant(config: TrainConfig) -> dict[str, Any]:
+    data = config.to_dict()
+    data.pop("data_dir", None)
+    options = dataclasses.asdict(DPSGDOptions.from_dict(config.learner))
+    data["learner"] = {k: v for k, v in options.items() if k not in _RESUMABLE_CHANGES}
+    return data
+
+
+def save_checkpoint(
+    path: Path, config: TrainConfig, fingerprint: str, state: dict[str, Any], ledger: PrivacyLedger
+) -> None:
+    """Writes the whole training state to ``path`` atomically (temporary file, fsync, rename).
+
+    Privacy: a checkpoint holds model parameters and optimizer moments, which are
+    post-processing of the noisy releases recorded in its ledger, plus RNG states.
+    """
+    ema = state["ema"]
+    payload = {
+        "format": CHECKPOINT_FORMAT,
+        "fingerprint": fingerprint,
+        "config": _significant(config),
+        "model": state["model"].state_dict(),
+        "optimizer": state["optimizer"].state_dict(),
+        "ema": None if ema is None else ema.state_dict(),
+        "sampler": state["sampler"].state_dict(),
+        "noise": state["noise"].get_state(),
+        "augment": state["augment"].get_state(),
+        "nonfinite": state["step_fn"].nonfinite,
+        "history": list(state["history"]),
+        "ledger": ledger.to_json(),
+    }
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise DPVisionError(f"cannot write checkpoint {path}: folder {folder} does not exist")
+    handle, temporary = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            torch.save(payload, out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temporary, path)
+        directory = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _resume(
+    path: Path, config: TrainConfig, fingerprint: str, state: dict[str, Any]
+) -> PrivacyLedger:
+    """Restores ``state`` from the checkpoint at ``path``; refuses one of another config."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as error:
+        raise DPVisionError(
+            f"cannot read checkpoint {path} ({type(error).__name__}); it was left untouched: "
+            "move it away to start afresh"
+        ) from None
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        raise DPVisionError(f"{path} is not a dpvision DP-SGD checkpoint; it was left untouched")
+    if payload["fingerprint"] != fingerprint:
+        ours, theirs = _flatten(_significant(config)), _flatten(payload["config"])
+        differ = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
+        raise DPVisionError(
+            f"checkpoint {path} was written by a different configuration (differs in: "
+            f"{', '.join(differ) or 'unknown'}); resume with the same config, or give another "
+            "--checkpoint path (the existing file is left untouched)"
+        )
+    state["model"].load_state_dict(payload["model"])
+    state["optimizer"].load_state_dict(payload["optimizer"])
+    if state["ema"] is not None:
+        state["ema"].load_state_dict(payload["ema"])
+    state["sampler"].load_state_dict(payload["sampler"])
+    state["noise"].set_state(payload["noise"])
+    state["augment"].set_state(payload["augment"])
+    state["step_fn"].nonfinite = payload["nonfinite"]
+    state["history"][:] = payload["history"]
+    return PrivacyLedger.from_json(payload["ledger"])
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out

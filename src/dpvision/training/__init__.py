@@ -5,7 +5,23 @@
   noise once per logical step, and the parameter EMA.
 """
 
+from dpvision.training.bookkeeping import (
+    ClippingMethod,
+    bookkeeping_clipped_gradient_sum,
+    clip_and_sum,
+    supports_bookkeeping,
+)
 from dpvision.training.engine import DPSGDStep, ParameterEMA, ema_decay
 from dpvision.training.per_example import ClippedGradientSum, clipped_gradient_sum
 
-__all__ = ["ClippedGradientSum", "DPSGDStep", "ParameterEMA", "clipped_gradient_sum", "ema_decay"]
+__all__ = [
+    "ClippedGradientSum",
+    "ClippingMethod",
+    "DPSGDStep",
+    "ParameterEMA",
+    "bookkeeping_clipped_gradient_sum",
+    "clip_and_sum",
+    "clipped_gradient_sum",
+    "ema_decay",
+    "supports_bookkeeping",
+]

@@ -1,0 +1,380 @@
+"""Book-keeping clipping: per-example clipped gradient sums from one forward and one backward.
+
+The reference :func:`~dpvision.training.per_example.clipped_gradient_sum` materialises every
+per-example gradient with ``vmap(grad(...))``. Book-keeping (Bu et al., 2023) gets the same
+result from quantities an ordinary backward pass already has:
+
+1. the forward pass records the input aᵢₜ of every supported layer (:class:`ActivationTape`);
+2. one backward pass of the per-example losses, ``torch.autograd.grad(loss, outputs)``,
+   gives the gradient gᵢₜ with respect to each layer's output and nothing else (the
+   parameter gradients of the whole batch are never formed);
+3. each layer turns (a, g) into per-example squared gradient norms
+   (:mod:`dpvision.training.layer_gradients`: ghost norms or small materialised
+   gradients), and these add up to ‖gᵢ‖² over *all* trainable parameters;
+4. with cᵢ = min(1, C/‖gᵢ‖), each layer's clipped sum Σᵢ cᵢ Σₜ gᵢₜaᵢₜᵀ is one product with cᵢ
+   folded into g (no second backward pass).
+
+With K augmented views, inputs are (B, K, ...): the B·K views go through the model as one
+batch, each view's loss is weighted by 1/K so that example i's gradient is the mean of its
+K view-gradients, and the K views' activations are grouped as one example before the norms.
+
+:func:`clip_and_sum` is the entry point for the DP-SGD engine: ``method="auto"`` uses
+book-keeping when :func:`supports_bookkeeping` accepts the model and falls back to the
+reference otherwise. Hooks are attached for one call and removed afterwards, also when an
+exception is raised; no ``.grad`` is written.
+
+Limitations: every trainable parameter must belong to a ``nn.Linear``, ``nn.Conv2d`` (zeros
+padding, ``groups=1``), :class:`~dpvision.models.WSConv2d` or affine ``nn.GroupNorm`` and be
+used only through that layer's ``forward``; parameters must not be shared between layers
+(a layer called several times is fine); ``loss_fn`` must return one loss per row.
+"""
+
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from enum import StrEnum
+from typing import Any
+
+import torch
+from torch import nn
+from torch.autograd.graph import GradientEdge, get_gradient_edge
+
+from dpvision.errors import DPVisionError
+from dpvision.training.layer_gradients import (
+    Call,
+    LayerTerms,
+    Strategy,
+    layer_terms,
+    unsupported_reason,
+)
+from dpvision.training.per_example import ClippedGradientSum, clipped_gradient_sum
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class ClippingMethod(StrEnum):
+    """How :func:`clip_and_sum` computes per-example gradient norms."""
+
+    AUTO = "auto"  # book-keeping when the model allows it, else vmap
+    BOOKKEEPING = "bookkeeping"
+    VMAP = "vmap"
+
+
+class _UnsupportedError(Exception):
+    """The model or the loss cannot go through book-keeping (the message says why)."""
+
+
+def unsupported_layers(model: nn.Module) -> list[str]:
+    """One line for each layer whose trainable parameters book-keeping cannot handle."""
+    problems = []
+    for path, module in model.named_modules():
+        reason = unsupported_reason(module)
+        if reason is not None:
+            problems.append(f"{reason} at {path or 'the root'}")
+    owners: dict[int, str] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if param.requires_grad and id(param) in owners:
+            problems.append(f"parameter {name} is shared with {owners[id(param)]}")
+        owners.setdefault(id(param), name)
+    return problems
+
+
+def supports_bookkeeping(model: nn.Module) -> bool:
+    """Whether every trainable parameter of ``model`` is in a layer book-keeping handles.
+
+    >>> supports_bookkeeping(nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.LazyLinear(3)))
+    False
+    >>> supports_bookkeeping(nn.Sequential(nn.Conv2d(1, 2, 3), nn.GroupNorm(1, 2)))
+    True
+    """
+    return not unsupported_layers(model)
+
+
+def _tracked_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    return [
+        (path, module)
+        for path, module in model.named_modules()
+        if any(p.requires_grad for p in module.parameters(recurse=False))
+    ]
+
+
+class ActivationTape:
+    """Forward hooks that record each tracked layer's inputs and its output-gradient source.
+
+    In ``edges`` mode the tape keeps the autograd edge of every output, for
+    ``torch.autograd.grad(loss, tape.edges)`` (in-place changes of an output later in the
+    forward pass do not disturb it). In ``hooks`` mode it registers a tensor hook on every
+    output, so that an ordinary ``loss.backward()`` delivers the output gradients (this is
+    what :class:`~dpvision.privacy_engine.PrivacyEngine` uses). Calls made without autograd
+    (``torch.no_grad()``, evaluation) are not recorded.
+
+    Args:
+      model: the model whose layers to watch; layers with trainable parameters of their
+        own are tracked.
+      mode: ``"edges"`` or ``"hooks"``.
+    """
+
+    def __init__(self, model: nn.Module, mode: str = "edges") -> None:
+        if mode not in ("edges", "hooks"):
+            raise ValueError(f"mode must be 'edges' or 'hooks', got {mode!r}")
+        self.mode = mode
+        self.layers = _tracked_layers(model)
+        self.inputs: dict[nn.Module, list[torch.Tensor]] = defaultdict(list)
+        self.grads: dict[nn.Module, dict[int, torch.Tensor]] = defaultdict(dict)
+        self.edges: list[GradientEdge] = []
+        self._edge_owners: list[tuple[nn.Module, int]] = []
+        self._handles: list[Any] = []
+
+    def attach(self) -> None:
+        """Registers the forward hooks (idempotent)."""
+        if not self._handles:
+            self._handles = [m.register_forward_hook(self._record) for _, m in self.layers]
+
+    def detach(self) -> None:
+        """Removes every hook and forgets what was recorded."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self.clear()
+
+    def clear(self) -> None:
+        """Forgets the recorded inputs and gradients (after each step)."""
+        self.inputs.clear()
+        self.grads.clear()
+        self.edges, self._edge_owners = [], []
+
+    def _record(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        if not (torch.is_grad_enabled() and isinstance(output, torch.Tensor)):
+            return
+        if not output.requires_grad or not args or not isinstance(args[0], torch.Tensor):
+            return
+        index = len(self.inputs[module])
+        self.inputs[module].append(args[0].detach())
+        if self.mode == "edges":
+            self.edges.append(get_gradient_edge(output))
+            self._edge_owners.append((module, index))
+        else:
+            output.register_hook(lambda grad: self._store(module, index, grad))  # type: ignore[no-untyped-call]
+
+    def _store(self, module: nn.Module, index: int, grad: torch.Tensor) -> None:
+        self.grads[module][index] = grad.detach()
+
+    def set_edge_grads(self, grads: tuple[torch.Tensor | None, ...]) -> None:
+        """Stores the result of ``torch.autograd.grad(loss, self.edges, allow_unused=True)``."""
+        for (module, index), grad in zip(self._edge_owners, grads, strict=True):
+            if grad is not None:
+                self.grads[module][index] = grad.detach()
+
+    def calls(self) -> Iterator[tuple[str, nn.Module, list[Call]]]:
+        """(path, layer, [(input, output gradient), ...]) for each layer with a gradient."""
+        for path, module in self.layers:
+            inputs, grads = self.inputs.get(module, []), self.grads.get(module, {})
+            pairs = [(inputs[i], grad) for i, grad in sorted(grads.items())]
+            if pairs:
+                yield path, module, pairs
+
+    @contextmanager
+    def attached(self) -> Iterator["ActivationTape"]:
+        """Attaches the hooks for the ``with`` block and always removes them afterwards."""
+        self.attach()
+        try:
+            yield self
+        finally:
+            self.detach()
+
+
+def clip_terms(
+    terms: list[tuple[str, LayerTerms]],
+    params: dict[str, torch.Tensor],
+    batch: int,
+    *,
+    max_grad_norm: float,
+    mask: torch.Tensor | None = None,
+) -> ClippedGradientSum:
+    """Clips with the per-example norms over all layers' terms and sums per parameter.
+
+    Args:
+      terms: (layer path, its terms) for every layer that received a gradient.
+      params: name → trainable parameter (zeros are returned for those no term covers).
+      batch: B, the number of examples.
+      max_grad_norm: C.
+      mask: optional (B,) booleans; false rows contribute nothing.
+
+    Privacy:
+      Releases nothing. The result has L2 sensitivity C under add/remove-one: cᵢ = min(1,
+      C/‖gᵢ‖) with the norm over all trainable parameters together; examples whose norm is
+      not finite, and masked examples, get cᵢ = 0 and their rows are zeroed.
+    """
+    like = next(iter(params.values()))
+    sq = like.new_zeros(batch)
+    for _, layer in terms:
+        sq = sq + layer.sq_norms.to(sq.dtype)
+    norms = sq.sqrt()
+    finite = torch.isfinite(norms)
+    keep = finite if mask is None else finite & mask.to(device=finite.device, dtype=torch.bool)
+    scale = torch.where(
+        keep, (max_grad_norm / norms.clamp_min(1e-12)).clamp(max=1.0), torch.zeros_like(norms)
+    )
+    drop = None if bool(keep.all()) else ~keep
+    grads: dict[str, torch.Tensor] = {}
+    for path, layer in terms:
+        for local, value in layer.clipped_sum(scale, drop).items():
+            grads[f"{path}.{local}" if path else local] = value
+    for name, param in params.items():
+        if name not in grads:
+            grads[name] = torch.zeros_like(param)
+    return ClippedGradientSum(
+        grads={name: grads[name] for name in params},
+        l2_sensitivity=float(max_grad_norm),
+        count=int(keep.sum()),
+        nonfinite=int((~finite).sum()),
+        norms=norms.detach(),
+    )
+
+
+def _trainable_params(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
+def _bookkeeping_sum(
+    model: nn.Module,
+    loss_fn: LossFn,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    max_grad_norm: float,
+    views: bool,
+    mask: torch.Tensor | None,
+    strategy: Strategy = "auto",
+) -> ClippedGradientSum:
+    params = _trainable_params(model)
+    batch = inputs.shape[0]
+    k = inputs.shape[1] if views else 1
+    if batch == 0 or k == 0:
+        return ClippedGradientSum(
+            grads={name: torch.zeros_like(p) for name, p in params.items()},
+            l2_sensitivity=float(max_grad_norm),
+            count=0,
+            nonfinite=0,
+            norms=inputs.new_zeros(0, dtype=next(iter(params.values())).dtype),
+        )
+    flat = inputs.reshape(batch * k, *inputs.shape[2:]) if views else inputs
+    labels = targets.repeat_interleave(k) if views else targets
+    tape = ActivationTape(model, mode="edges")
+    with tape.attached(), torch.enable_grad():
+        losses = loss_fn(model(flat), labels)
+        if losses.dim() == 0 or losses.shape[0] != batch * k:
+            raise _UnsupportedError(
+                f"loss_fn returned shape {tuple(losses.shape)}; book-keeping needs one loss "
+                f"per row ({batch * k}), i.e. reduction='none'"
+            )
+        # Each view weighs 1/K: example i's gradient is the mean of its K view-gradients.
+        total = losses.reshape(batch * k, -1).mean(1).sum() / k
+        if tape.edges:
+            tape.set_edge_grads(torch.autograd.grad(total, tape.edges, allow_unused=True))
+        terms = []
+        for path, module, calls in tape.calls():
+            if any(x.shape[0] != batch * k or g.shape[0] != batch * k for x, g in calls):
+                raise _UnsupportedError(f"layer {path or 'root'} did not see one row per view")
+            terms.append((path, layer_terms(module, calls, k, strategy)))
+    return clip_terms(terms, params, batch, max_grad_norm=max_grad_norm, mask=mask)
+
+
+def clip_and_sum(
+    model: nn.Module,
+    loss_fn: LossFn,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    max_grad_norm: float,
+    views: bool = False,
+    mask: torch.Tensor | None = None,
+    method: ClippingMethod | str = ClippingMethod.AUTO,
+) -> ClippedGradientSum:
+    """Σᵢ clip(gᵢ, C) by book-keeping or by the vmap reference; both give the same result.
+
+    Args:
+      model: any module whose layers treat examples independently (no BatchNorm).
+      loss_fn: per-row loss ``loss_fn(outputs, targets)`` with reduction "none" (losses with
+        more dimensions per row are averaged over them, as in the reference).
+      inputs: (B, ...) or, with ``views=True``, (B, K, ...) augmented views.
+      targets: (B,) labels, shared by the views of an example.
+      max_grad_norm: C > 0.
+      views: whether ``inputs`` carries a view dimension K.
+      mask: optional (B,) booleans; rows that are false (padding) contribute nothing.
+      method: ``auto`` (book-keeping when :func:`supports_bookkeeping`, else vmap),
+        ``bookkeeping`` (raises :class:`~dpvision.errors.DPVisionError` when unsupported) or
+        ``vmap`` (:func:`~dpvision.training.per_example.clipped_gradient_sum`).
+
+    Returns:
+      The clipped sum, its sensitivity C, the counts, and the per-example norms.
+
+    Privacy:
+      Releases nothing by itself. The output has L2 sensitivity C under add/remove-one: each
+      example's gradient (the mean over its K views, all trainable parameters together) is
+      clipped to norm C before the sum. Non-finite per-example gradients are zeroed and
+      counted, never propagated.
+    """
+    if not max_grad_norm > 0:
+        raise DPVisionError(f"max_grad_norm must be > 0, got {max_grad_norm}")
+    try:
+        chosen = ClippingMethod(method)
+    except ValueError:
+        choices = ", ".join(m.value for m in ClippingMethod)
+        raise DPVisionError(
+            f"unknown clipping method {method!r}; choose one of {choices}"
+        ) from None
+    if chosen is not ClippingMethod.VMAP:
+        problems = unsupported_layers(model)
+        try:
+            if problems:
+                raise _UnsupportedError(problems[0])
+            return _bookkeeping_sum(
+                model,
+                loss_fn,
+                inputs,
+                targets,
+                max_grad_norm=max_grad_norm,
+                views=views,
+                mask=mask,
+            )
+        except _UnsupportedError as reason:
+            if chosen is ClippingMethod.BOOKKEEPING:
+                raise DPVisionError(f"book-keeping clipping does not support {reason}") from None
+    return clipped_gradient_sum(
+        model, loss_fn, inputs, targets, max_grad_norm=max_grad_norm, views=views, mask=mask
+    )
+
+
+def bookkeeping_clipped_gradient_sum(
+    model: nn.Module,
+    loss_fn: LossFn,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    max_grad_norm: float,
+    views: bool = False,
+    mask: torch.Tensor | None = None,
+) -> ClippedGradientSum:
+    """Σᵢ clip(gᵢ, C) by book-keeping, with the vmap reference for unsupported models.
+
+    Same contract and result as
+    :func:`~dpvision.training.per_example.clipped_gradient_sum` (see :func:`clip_and_sum`
+    with ``method="auto"`` for the arguments), at about the cost of one ordinary training
+    step.
+
+    Privacy:
+      Releases nothing by itself. The output has L2 sensitivity C under add/remove-one (each
+      example's view-averaged gradient is clipped to C); non-finite per-example gradients
+      are zeroed and counted.
+    """
+    return clip_and_sum(
+        model,
+        loss_fn,
+        inputs,
+        targets,
+        max_grad_norm=max_grad_norm,
+        views=views,
+        mask=mask,
+        method=ClippingMethod.AUTO,
+    )

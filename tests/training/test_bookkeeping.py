@@ -1,0 +1,251 @@
+"""Book-keeping clipping equals the vmap reference, for every model family and edge case."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from dpvision.errors import DPVisionError
+from dpvision.models import WSConv2d, scatter_cnn, tanh_cnn, wide_resnet
+from dpvision.training import (
+    bookkeeping_clipped_gradient_sum,
+    clip_and_sum,
+    clipped_gradient_sum,
+    supports_bookkeeping,
+)
+from dpvision.training.bookkeeping import _bookkeeping_sum
+
+LOSS = nn.CrossEntropyLoss(reduction="none")
+
+
+class _SeqMLP(nn.Module):
+    """Linear layers on (N, T, d) inputs, one of them called twice (shared weights)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(6, 5)
+        self.shared = nn.Linear(5, 5)
+        self.head = nn.Linear(5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.shared(torch.tanh(self.inner(x))))
+        h = torch.tanh(self.shared(h))
+        return self.head(h.mean(1))
+
+
+class _OddConvs(nn.Module):
+    """Convolutions with dilation, 'same' padding, non-square kernels and WS 'same' stride 2."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Conv2d(2, 3, 3, dilation=2, padding="same")  # 12×14 = 168 positions
+        self.b = nn.Conv2d(3, 4, (3, 2), stride=2, padding=(1, 0), bias=False)
+        self.norm = nn.GroupNorm(2, 4)
+        self.c = WSConv2d(4, 4, 3, stride=2, padding="same")
+        self.head = nn.Linear(4 * 3 * 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.a(x))
+        h = self.norm(torch.tanh(self.b(h)))
+        return self.head(torch.tanh(self.c(h)).flatten(1))
+
+
+MODELS = {
+    "tanh-mnist": (lambda: tanh_cnn((1, 28, 28)), (1, 28, 28)),
+    "tanh-cifar": (lambda: tanh_cnn((3, 32, 32)), (3, 32, 32)),
+    "scatter-81": (lambda: scatter_cnn((81, 7, 7)), (81, 7, 7)),
+    "scatter-243": (lambda: scatter_cnn((243, 8, 8)), (243, 8, 8)),
+    "wrn-10-1": (lambda: wide_resnet(depth=10, width=1), (3, 16, 16)),
+    "seq-mlp": (_SeqMLP, (4, 6)),
+    "odd-convs": (_OddConvs, (2, 12, 14)),
+}
+
+
+def _data(shape, batch, views, seed, dtype=torch.float64):
+    gen = torch.Generator().manual_seed(seed)
+    lead = (batch, views) if views else (batch,)
+    x = torch.randn(*lead, *shape, generator=gen, dtype=dtype)
+    y = torch.randint(0, 3, (batch,), generator=gen)
+    return x, y
+
+
+def _assert_same(got, expected, rtol=1e-9, atol=1e-12):
+    assert got.grads.keys() == expected.grads.keys()
+    for name in expected.grads:
+        torch.testing.assert_close(got.grads[name], expected.grads[name], rtol=rtol, atol=atol)
+    torch.testing.assert_close(got.norms, expected.norms, rtol=rtol, atol=atol)
+    assert (got.count, got.nonfinite, got.l2_sensitivity) == (
+        expected.count,
+        expected.nonfinite,
+        expected.l2_sensitivity,
+    )
+
+
+@pytest.mark.parametrize("views", [0, 3])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_equals_vmap_reference(name, views):
+    build, shape = MODELS[name]
+    torch.manual_seed(0)
+    model = build().double()
+    x, y = _data(shape, 3, views, seed=1)
+    # A clip norm between the smallest and largest gradient norms: some clipped, some not.
+    norms = clipped_gradient_sum(model, LOSS, x, y, max_grad_norm=1.0, views=bool(views)).norms
+    clip = float(norms.median())
+    expected = clipped_gradient_sum(model, LOSS, x, y, max_grad_norm=clip, views=bool(views))
+    got = bookkeeping_clipped_gradient_sum(model, LOSS, x, y, max_grad_norm=clip, views=bool(views))
+    _assert_same(got, expected)
+    assert supports_bookkeeping(model)
+    assert all(p.grad is None for p in model.parameters())
+    assert all(not m._forward_hooks for m in model.modules())
+
+
+@pytest.mark.parametrize("strategy", ["ghost", "materialise"])
+@pytest.mark.parametrize("name", ["odd-convs", "seq-mlp", "wrn-10-1"])
+def test_ghost_and_materialised_norms_agree_with_the_reference(name, strategy):
+    build, shape = MODELS[name]
+    torch.manual_seed(2)
+    model = build().double()
+    x, y = _data(shape, 2, 2, seed=3)
+    expected = clipped_gradient_sum(model, LOSS, x, y, max_grad_norm=0.1, views=True)
+    got = _bookkeeping_sum(
+        model, LOSS, x, y, max_grad_norm=0.1, views=True, mask=None, strategy=strategy
+    )
+    _assert_same(got, expected)
+
+
+def test_float32_matches_the_reference():
+    torch.manual_seed(4)
+    model = tanh_cnn((1, 28, 28))
+    x, y = _data((1, 28, 28), 8, 0, seed=5, dtype=torch.float32)
+    expected = clipped_gradient_sum(model, LOSS, x, y, max_grad_norm=0.05)
+    got = bookkeeping_clipped_gradient_sum(model, LOSS, x, y, max_grad_norm=0.05)
+    _assert_same(got, expected, rtol=1e-4, atol=1e-6)
+
+
+def test_mask_and_nonfinite_examples_are_zeroed_and_counted():
+    torch.manual_seed(6)
+    model = _OddConvs().double()
+    x, y = _data((2, 12, 14), 5, 2, seed=7)
+    x[1, 0, 0, 0, 0] = float("inf")
+    x[3, 1, 1, 2, 3] = float("nan")
+    mask = torch.tensor([True, True, False, True, True])
+    got = bookkeeping_clipped_gradient_sum(
+        model, LOSS, x, y, max_grad_norm=0.2, views=True, mask=mask
+    )
+    expected = clipped_gradient_sum(model, LOSS, x, y, max_grad_norm=0.2, views=True, mask=mask)
+    only_good = bookkeeping_clipped_gradient_sum(
+        model, LOSS, x[[0, 4]], y[[0, 4]], max_grad_norm=0.2, views=True
+    )
+    assert (got.nonfinite, got.count) == (2, 2)
+    for name, value in got.grads.items():
+        assert torch.isfinite(value).all()
+        torch.testing.assert_close(value, expected.grads[name], rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(value, only_good.grads[name], rtol=1e-9, atol=1e-12)
+
+
+def test_one_huge_example_moves_the_sum_by_at_most_the_clip_norm():
+    torch.manual_seed(8)
+    model = tanh_cnn((1, 28, 28)).double()
+    x, y = _data((1, 28, 28), 4, 0, seed=9)
+    huge = 1e3 * torch.randn(1, 1, 28, 28, generator=torch.Generator().manual_seed(10)).double()
+    clip = 0.3
+    a = bookkeeping_clipped_gradient_sum(model, LOSS, x, y, max_grad_norm=clip)
+    b = bookkeeping_clipped_gradient_sum(
+        model, LOSS, torch.cat([x, huge]), torch.cat([y, y[:1]]), max_grad_norm=clip
+    )
+    change = math.sqrt(sum(float((b.grads[k] - a.grads[k]).pow(2).sum()) for k in a.grads))
+    assert b.norms[-1] > clip  # the new example really was clipped
+    assert 0.99 * clip <= change <= clip * (1 + 1e-9)
+
+
+class _RawScale(nn.Module):
+    """A layer with a raw trainable parameter, which book-keeping does not know."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale
+
+
+@pytest.mark.parametrize(
+    "extra", [_RawScale, lambda: nn.LayerNorm(3)], ids=["raw-parameter", "layernorm"]
+)
+def test_unsupported_layers_fall_back_to_vmap(extra):
+    torch.manual_seed(11)
+    model = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), extra(), nn.Linear(3, 3)).double()
+    x, y = _data((4,), 5, 0, seed=12)
+    assert not supports_bookkeeping(model)
+    got = bookkeeping_clipped_gradient_sum(model, LOSS, x, y, max_grad_norm=0.1)
+    expected = clipped_gradient_sum(model, LOSS, x, y, max_grad_norm=0.1)
+    _assert_same(got, expected, rtol=0, atol=0)  # it *is* the reference
+    with pytest.raises(DPVisionError, match="does not support"):
+        clip_and_sum(model, LOSS, x, y, max_grad_norm=0.1, method="bookkeeping")
+
+
+def test_frozen_unsupported_layers_and_frozen_parameters_are_fine():
+    torch.manual_seed(13)
+    model = nn.Sequential(nn.Linear(4, 3), nn.LayerNorm(3), nn.Linear(3, 3)).double()
+    model[1].requires_grad_(False)
+    model[2].bias.requires_grad_(False)
+    assert supports_bookkeeping(model)
+    x, y = _data((4,), 4, 0, seed=14)
+    got = clip_and_sum(model, LOSS, x, y, max_grad_norm=0.05, method="bookkeeping")
+    expected = clipped_gradient_sum(model, LOSS, x, y, max_grad_norm=0.05)
+    assert set(got.grads) == {"0.weight", "0.bias", "2.weight"}
+    _assert_same(got, expected)
+
+
+def test_shared_parameters_are_unsupported():
+    first, second = nn.Linear(3, 3), nn.Linear(3, 3)
+    second.weight = first.weight
+    assert not supports_bookkeeping(nn.Sequential(first, second))
+
+
+def test_empty_batch_gives_zeros():
+    model = tanh_cnn((1, 28, 28))
+    for views, shape in [(False, (0, 1, 28, 28)), (True, (0, 2, 1, 28, 28))]:
+        got = bookkeeping_clipped_gradient_sum(
+            model,
+            LOSS,
+            torch.zeros(shape),
+            torch.zeros(0, dtype=torch.long),
+            max_grad_norm=1.0,
+            views=views,
+        )
+        assert (got.count, got.nonfinite, got.norms.shape) == (0, 0, (0,))
+        assert all(float(g.abs().sum()) == 0 for g in got.grads.values())
+        assert got.grads.keys() == dict(model.named_parameters()).keys()
+
+
+def test_hooks_are_removed_when_the_loss_fails():
+    model = nn.Sequential(nn.Linear(4, 3))
+
+    def broken(out, y):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        clip_and_sum(model, broken, torch.zeros(2, 4), torch.zeros(2), max_grad_norm=1.0)
+    assert not model[0]._forward_hooks
+
+
+def test_mean_reduced_loss_falls_back_or_is_refused():
+    torch.manual_seed(15)
+    model = nn.Sequential(nn.Linear(4, 3)).double()
+    x, y = _data((4,), 3, 0, seed=16)
+    mean_loss = nn.CrossEntropyLoss()
+    got = clip_and_sum(model, mean_loss, x, y, max_grad_norm=0.1)
+    _assert_same(got, clipped_gradient_sum(model, mean_loss, x, y, max_grad_norm=0.1))
+    with pytest.raises(DPVisionError, match="reduction='none'"):
+        clip_and_sum(model, mean_loss, x, y, max_grad_norm=0.1, method="bookkeeping")
+
+
+def test_bad_arguments():
+    model = nn.Linear(2, 2)
+    x, y = torch.zeros(1, 2), torch.zeros(1, dtype=torch.long)
+    with pytest.raises(DPVisionError, match="max_grad_norm"):
+        clip_and_sum(model, LOSS, x, y, max_grad_norm=0.0)
+    with pytest.raises(DPVisionError, match="unknown clipping method"):
+        clip_and_sum(model, LOSS, x, y, max_grad_norm=1.0, method="ghost")

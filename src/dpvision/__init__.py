@@ -10,8 +10,19 @@ The package is organised by differential-privacy concept:
 Importing :mod:`dpvision` itself is cheap and imports neither torch nor dp-accounting.
 """
 
+from typing import Any
+
 from dpvision.errors import DPVisionError
 
 __version__ = "0.1.0"
 
-__all__ = ["DPVisionError", "__version__"]
+__all__ = ["DPVisionError", "PrivacyEngine", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    # PrivacyEngine needs torch; importing it lazily keeps `import dpvision` cheap.
+    if name == "PrivacyEngine":
+        from dpvision.privacy_engine import PrivacyEngine
+
+        return PrivacyEngine
+    raise AttributeError(f"module 'dpvision' has no attribute {name!r}")

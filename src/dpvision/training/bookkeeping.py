@@ -30,7 +30,7 @@ used only through that layer's ``forward``; parameters must not be shared betwee
 """
 
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from enum import StrEnum
 from typing import Any
@@ -185,11 +185,12 @@ class ActivationTape:
 
 def clip_terms(
     terms: list[tuple[str, LayerTerms]],
-    params: dict[str, torch.Tensor],
+    params: Mapping[str, torch.Tensor],
     batch: int,
     *,
     max_grad_norm: float,
     mask: torch.Tensor | None = None,
+    grad_scale: float = 1.0,
 ) -> ClippedGradientSum:
     """Clips with the per-example norms over all layers' terms and sums per parameter.
 
@@ -199,6 +200,8 @@ def clip_terms(
       batch: B, the number of examples.
       max_grad_norm: C.
       mask: optional (B,) booleans; false rows contribute nothing.
+      grad_scale: the per-example gradients are ``grad_scale`` times what the terms saw
+        (e.g. the batch size, when the output gradients came from a mean-reduced loss).
 
     Privacy:
       Releases nothing. The result has L2 sensitivity C under add/remove-one: cᵢ = min(1,
@@ -209,7 +212,7 @@ def clip_terms(
     sq = like.new_zeros(batch)
     for _, layer in terms:
         sq = sq + layer.sq_norms.to(sq.dtype)
-    norms = sq.sqrt()
+    norms = sq.sqrt() * grad_scale
     finite = torch.isfinite(norms)
     keep = finite if mask is None else finite & mask.to(device=finite.device, dtype=torch.bool)
     scale = torch.where(
@@ -218,7 +221,7 @@ def clip_terms(
     drop = None if bool(keep.all()) else ~keep
     grads: dict[str, torch.Tensor] = {}
     for path, layer in terms:
-        for local, value in layer.clipped_sum(scale, drop).items():
+        for local, value in layer.clipped_sum(scale * grad_scale, drop).items():
             grads[f"{path}.{local}" if path else local] = value
     for name, param in params.items():
         if name not in grads:

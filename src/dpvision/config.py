@@ -105,10 +105,12 @@ _OPTIONAL = {"data_dir", "epsilon", "noise_multiplier", "accountant", "channels"
 
 
 def _coerce(name: str, value: Any, where: str) -> Any:
-    if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
-        if name in _OPTIONAL:
-            return None
+    if value is None and name not in _OPTIONAL:
         raise DPVisionError(f"{where}: {name} cannot be empty")
+    if value is None or (
+        name in _OPTIONAL and isinstance(value, str) and value.lower() in ("none", "null")
+    ):
+        return None
     if name in _NUMBER_FIELDS:
         if isinstance(value, bool):
             raise DPVisionError(f"{where}: {name} must be a number, got {value!r}")

@@ -152,10 +152,11 @@ def _type_name(kind: Any) -> str:
 
 def _coerce(name: str, value: Any, kind: str) -> Any:
     where = f"learner.{name}"
-    if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
-        if "None" in kind:
-            return None
+    optional = "None" in kind
+    if value is None and not optional:
         raise DPVisionError(f"{where} cannot be empty")
+    if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null")):
+        return None
     if kind.startswith("bool"):
         if not isinstance(value, bool):
             raise DPVisionError(f"{where} must be true or false, got {value!r}")

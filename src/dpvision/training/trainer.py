@@ -273,8 +273,8 @@ def _load_data(config: TrainConfig, options: DPSGDOptions, seed: int, quiet: boo
     )
     train, test = load_or_extract(dataset, spec, progress=not quiet)
     train, test = preprocess(config, train, test, int(shape[0]), ledger, seed)
-    train_x = torch.from_numpy(np.ascontiguousarray(train, dtype=np.float32)).view(-1, *shape)
-    test_x = torch.from_numpy(np.ascontiguousarray(test, dtype=np.float32)).view(-1, *shape)
+    train_x = torch.from_numpy(np.array(train, dtype=np.float32)).view(-1, *shape)
+    test_x = torch.from_numpy(np.array(test, dtype=np.float32)).view(-1, *shape)
     return _Data(dataset.name, train_x, train_y, test_x, test_y, dataset.num_classes, ledger)
 
 

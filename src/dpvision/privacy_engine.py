@@ -174,7 +174,11 @@ class DPOptimizer(torch.optim.Optimizer):
 
     def _accumulate(self) -> None:
         """Adds the clipped sum of the physical batch the hooks recorded, then forgets it."""
-        calls = list(self.tape.calls())
+        try:
+            calls = list(self.tape.calls())
+        except DPVisionError as error:
+            self.tape.clear()
+            raise DPVisionError(f"PrivacyEngine does not support {error}") from None
         rows = {x.shape[0] for _, _, pairs in calls for x, _ in pairs}
         self.tape.clear()
         if len(rows) > 1:

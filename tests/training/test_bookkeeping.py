@@ -29,7 +29,7 @@ class _SeqMLP(nn.Module):
         self.head = nn.Linear(5, 3)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = torch.tanh(self.shared(torch.tanh(self.inner(x))))
+        h = torch.tanh(self.shared(torch.tanh(self.inner(input=x))))  # a keyword input too
         h = torch.tanh(self.shared(h))
         return self.head(h.mean(1))
 

@@ -60,7 +60,7 @@ class ClippingMethod(StrEnum):
     VMAP = "vmap"
 
 
-class _UnsupportedError(Exception):
+class _UnsupportedError(DPVisionError):
     """The model or the loss cannot go through book-keeping (the message says why)."""
 
 
@@ -119,7 +119,8 @@ class ActivationTape:
             raise ValueError(f"mode must be 'edges' or 'hooks', got {mode!r}")
         self.mode = mode
         self.layers = _tracked_layers(model)
-        self.inputs: dict[nn.Module, list[torch.Tensor]] = defaultdict(list)
+        # (input, its version counter at the call) per call; None when no input tensor came.
+        self.inputs: dict[nn.Module, list[tuple[torch.Tensor, int] | None]] = defaultdict(list)
         self.grads: dict[nn.Module, dict[int, torch.Tensor]] = defaultdict(dict)
         self.edges: list[GradientEdge] = []
         self._edge_owners: list[tuple[nn.Module, int]] = []
@@ -128,7 +129,9 @@ class ActivationTape:
     def attach(self) -> None:
         """Registers the forward hooks (idempotent)."""
         if not self._handles:
-            self._handles = [m.register_forward_hook(self._record) for _, m in self.layers]
+            self._handles = [
+                m.register_forward_hook(self._record, with_kwargs=True) for _, m in self.layers
+            ]
 
     def detach(self) -> None:
         """Removes every hook and forgets what was recorded."""
@@ -143,13 +146,18 @@ class ActivationTape:
         self.grads.clear()
         self.edges, self._edge_owners = [], []
 
-    def _record(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+    def _record(
+        self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+    ) -> None:
         if not (torch.is_grad_enabled() and isinstance(output, torch.Tensor)):
             return
-        if not output.requires_grad or not args or not isinstance(args[0], torch.Tensor):
+        if not output.requires_grad:
             return
+        given = args[0] if args else kwargs.get("input")
         index = len(self.inputs[module])
-        self.inputs[module].append(args[0].detach())
+        self.inputs[module].append(
+            (given.detach(), given._version) if isinstance(given, torch.Tensor) else None
+        )
         if self.mode == "edges":
             self.edges.append(get_gradient_edge(output))
             self._edge_owners.append((module, index))
@@ -166,10 +174,23 @@ class ActivationTape:
                 self.grads[module][index] = grad.detach()
 
     def calls(self) -> Iterator[tuple[str, nn.Module, list[Call]]]:
-        """(path, layer, [(input, output gradient), ...]) for each layer with a gradient."""
+        """(path, layer, [(input, output gradient), ...]) for each layer with a gradient.
+
+        Raises:
+          DPVisionError: a layer's input was not a tensor, or was modified in place after
+            the layer used it (its recorded activation would be wrong).
+        """
         for path, module in self.layers:
             inputs, grads = self.inputs.get(module, []), self.grads.get(module, {})
-            pairs = [(inputs[i], grad) for i, grad in sorted(grads.items())]
+            pairs = []
+            for index, grad in sorted(grads.items()):
+                record = inputs[index]
+                where = path or "the root"
+                if record is None:
+                    raise _UnsupportedError(f"a call of {where} without an input tensor")
+                if record[0]._version != record[1]:
+                    raise _UnsupportedError(f"an input of {where} modified in place after use")
+                pairs.append((record[0], grad))
             if pairs:
                 yield path, module, pairs
 

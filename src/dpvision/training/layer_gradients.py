@@ -355,8 +355,15 @@ class _DenseTerms(LayerTerms):
     def _materialised_sq(self, per_example: torch.Tensor) -> torch.Tensor:
         if self.ws is None:
             return _sq_rows(per_example)
-        weight, gain = self._map_ws(per_example)
-        sq = _sq_rows(weight) if self.train_weight else per_example.new_zeros(len(gain))
+        # _map_ws, in place on one (B, p, d) buffer: ‖(γ/s)(G − mean(G) − live·⟨G, w̃⟩w̃)‖².
+        tilde, ratio, live = self._standardisation()
+        gain = (per_example * tilde).sum(-1)
+        sq = per_example.new_zeros(len(gain))
+        if self.train_weight:
+            centred = per_example - per_example.mean(-1, keepdim=True)
+            centred.addcmul_(tilde, (gain * live)[..., None], value=-1)
+            per_channel = torch.linalg.vector_norm(centred, dim=-1).pow(2)
+            sq = sq + (per_channel * ratio.pow(2)).sum(1)
         return sq + _sq_rows(gain) if self.train_gain else sq
 
     def _ghost_sq(self, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:

@@ -229,8 +229,8 @@ def clip_terms(
       C/‖gᵢ‖) with the norm over all trainable parameters together; examples whose norm is
       not finite, and masked examples, get cᵢ = 0 and their rows are zeroed.
     """
-    like = next(iter(params.values()))
-    sq = like.new_zeros(batch)
+    like = next(iter(params.values()), None)
+    sq = torch.zeros(batch) if like is None else like.new_zeros(batch)
     for _, layer in terms:
         sq = sq + layer.sq_norms.to(sq.dtype)
     norms = sq.sqrt() * grad_scale
@@ -280,7 +280,7 @@ def _bookkeeping_sum(
             l2_sensitivity=float(max_grad_norm),
             count=0,
             nonfinite=0,
-            norms=inputs.new_zeros(0, dtype=next(iter(params.values())).dtype),
+            norms=torch.zeros(0, dtype=inputs.dtype if inputs.is_floating_point() else None),
         )
     flat = inputs.reshape(batch * k, *inputs.shape[2:]) if views else inputs
     labels = targets.repeat_interleave(k) if views else targets

@@ -213,9 +213,18 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
+def _ema_note(result: dict[str, Any]) -> str:
+    if result.get("test_accuracy_ema") is None:
+        return ""
+    return (
+        f" (EMA of the parameters; the last parameters: {100 * result['test_accuracy_last']:.2f} %)"
+    )
+
+
 def summary(result: dict[str, Any]) -> str:
     """A few readable lines about a result."""
     sigma = result["noise_multiplier"]
+    model = f" ({result['model']})" if "model" in result else ""
     privacy = (
         "no noise (ε = ∞): non-private baseline"
         if sigma is None
@@ -229,10 +238,10 @@ def summary(result: dict[str, Any]) -> str:
         )
     )
     return (
-        f"{result['method']} on {result['dataset']} ({result['n_train']} train / "
+        f"{result['method']}{model} on {result['dataset']} ({result['n_train']} train / "
         f"{result['n_test']} test), features {result['features']} "
         f"({result['num_features']} dims)\n"
-        f"test accuracy {100 * result['test_accuracy']:.2f} %\n"
+        f"test accuracy {100 * result['test_accuracy']:.2f} %{_ema_note(result)}\n"
         f"privacy: {privacy}\n"
         f"wall time {result['wall_seconds']:.1f} s"
     )

@@ -10,8 +10,10 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -188,23 +190,39 @@ def _auto_accountant(ledger: PrivacyLedger) -> str:
     return default_accountant(ledger.dp_event()).value
 
 
-def write_json_atomic(path: str | Path, data: dict[str, Any]) -> None:
-    """Writes JSON to ``path`` through a temporary file and a rename: never half-written."""
+@contextmanager
+def atomic_open(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
+    """Opens a temporary file beside ``path`` that replaces it only when the block succeeds.
+
+    The data are flushed and fsynced before the rename, so ``path`` is either the old file
+    or the whole new one, never half-written; on any error the temporary file is removed.
+    """
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise DPVisionError(f"cannot write {path}: folder {folder} does not exist")
     handle, temporary = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(handle, "w") as out:
-            json.dump(data, out, indent=2, default=_json_default)
-            out.write("\n")
+        with os.fdopen(handle, mode) as out:
+            yield out
             out.flush()
             os.fsync(out.fileno())
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+    directory = os.open(folder, os.O_RDONLY)  # make the rename itself durable
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def write_json_atomic(path: str | Path, data: dict[str, Any]) -> None:
+    """Writes JSON to ``path`` through a temporary file and a rename: never half-written."""
+    with atomic_open(path) as out:
+        json.dump(data, out, indent=2, default=_json_default)
+        out.write("\n")
 
 
 def _json_default(value: Any) -> Any:

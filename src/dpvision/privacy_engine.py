@@ -52,10 +52,10 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 from dpvision.accounting import PrivacyLedger, calibrate_noise_multiplier, parse_accountant
 from dpvision.accounting.accountants import Accountant
 from dpvision.errors import DPVisionError
-from dpvision.mechanisms import PoissonSampler, gaussian_noise
+from dpvision.mechanisms import PoissonSampler
 from dpvision.models import validate_model
 from dpvision.training.bookkeeping import ActivationTape, clip_terms, unsupported_layers
-from dpvision.training.engine import ParameterEMA
+from dpvision.training.engine import ParameterEMA, privatize_gradients
 from dpvision.training.layer_gradients import layer_terms
 
 LOSS_REDUCTIONS = ("mean", "sum")
@@ -205,29 +205,17 @@ class DPOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def _release(self) -> None:
         """Noise once, divide by qN (and C), set ``.grad``, step, record, update the EMA."""
-        divisor = self.expected_batch_size * (self.max_grad_norm if self.normalize_update else 1)
-        for name, param in self.params.items():
-            total = self.summed[name]
-            if self.noise_multiplier > 0:
-                total += gaussian_noise(
-                    total.shape,
-                    l2_sensitivity=self.max_grad_norm,
-                    noise_multiplier=self.noise_multiplier,
-                    dtype=total.dtype,
-                    device=total.device,
-                    generator=self.generator,
-                )
-            param.grad = total / divisor
-        if self.noise_multiplier > 0:
-            # The noise on all parameters together is one Gaussian release of sensitivity C.
-            self.ledger.record(
-                noise_multiplier=self.noise_multiplier,
-                sample_rate=self.sample_rate,
-                l2_sensitivity=self.max_grad_norm,
-                released=RELEASED,
-            )
-        else:
-            self.ledger.record_non_private(released=f"{RELEASED} without noise")
+        privatize_gradients(
+            [(self.summed[name], param) for name, param in self.params.items()],
+            noise_multiplier=self.noise_multiplier,
+            max_grad_norm=self.max_grad_norm,
+            expected_batch_size=self.expected_batch_size,
+            normalize_update=self.normalize_update,
+            ledger=self.ledger,
+            sample_rate=self.sample_rate,
+            generator=self.generator,
+            released=RELEASED,
+        )
         self.original_optimizer.step()
         if self.ema is not None:
             self.ema.update(self.module)

@@ -26,6 +26,55 @@ def ema_decay(decay: float, step: int) -> float:
     return min(decay, (1 + step) / (10 + step))
 
 
+@torch.no_grad()
+def privatize_gradients(
+    sums_and_params: list[tuple[torch.Tensor, torch.Tensor]],
+    *,
+    noise_multiplier: float,
+    max_grad_norm: float,
+    expected_batch_size: float,
+    normalize_update: bool,
+    ledger: PrivacyLedger,
+    sample_rate: float,
+    generator: torch.Generator | None,
+    released: str,
+) -> None:
+    """Adds the noise of one logical step to clipped sums and sets each parameter's ``.grad``.
+
+    ``.grad = (Σᵢ clip(gᵢ, C) + N(0, (σC)² I)) / (qN)`` (also divided by C with
+    ``normalize_update``), the noise drawn once for each parameter in the order given.
+    Modifies the sums in place.
+
+    Privacy:
+      Releases the clipped sums over all parameters together with Gaussian noise of
+      multiplier σ and L2 sensitivity C, one Poisson-sampled Gaussian step at rate q, and
+      records it in ``ledger`` (σ = 0: a non-private release, recorded as such). The
+      division by the public qN is post-processing.
+    """
+    divisor = expected_batch_size * (max_grad_norm if normalize_update else 1.0)
+    for total, param in sums_and_params:
+        if noise_multiplier > 0:
+            total += gaussian_noise(
+                total.shape,
+                l2_sensitivity=max_grad_norm,
+                noise_multiplier=noise_multiplier,
+                dtype=total.dtype,
+                device=total.device,
+                generator=generator,
+            )
+        param.grad = total / divisor
+    if noise_multiplier > 0:
+        # The noise on all parameters together is one Gaussian release of sensitivity C.
+        ledger.record(
+            noise_multiplier=noise_multiplier,
+            sample_rate=sample_rate,
+            l2_sensitivity=max_grad_norm,
+            released=released,
+        )
+    else:
+        ledger.record_non_private(released=f"{released} without noise")
+
+
 class ParameterEMA:
     """Exponential moving average of a model's parameters, updated once per logical step."""
 
@@ -131,30 +180,17 @@ class DPSGDStep:
             self.last_batch_size += len(inputs)
             for acc, name in zip(total, names, strict=True):
                 acc += clipped.grads[name]
-        scale = self.sample_rate * self.num_examples
-        if self.normalize_update:
-            scale *= self.max_grad_norm
-        for acc, param in zip(total, params, strict=True):
-            if self.noise_multiplier > 0:
-                acc += gaussian_noise(
-                    acc.shape,
-                    l2_sensitivity=self.max_grad_norm,
-                    noise_multiplier=self.noise_multiplier,
-                    dtype=acc.dtype,
-                    device=acc.device,
-                    generator=self.generator,
-                )
-            param.grad = acc / scale
-        if self.noise_multiplier > 0:
-            # The noise for all parameters together is one Gaussian release of sensitivity C.
-            self.ledger.record(
-                noise_multiplier=self.noise_multiplier,
-                sample_rate=self.sample_rate,
-                l2_sensitivity=self.max_grad_norm,
-                released="DP-SGD clipped gradient sum",
-            )
-        else:
-            self.ledger.record_non_private(released="DP-SGD clipped gradient sum without noise")
+        privatize_gradients(
+            list(zip(total, params, strict=True)),
+            noise_multiplier=self.noise_multiplier,
+            max_grad_norm=self.max_grad_norm,
+            expected_batch_size=self.sample_rate * self.num_examples,
+            normalize_update=self.normalize_update,
+            ledger=self.ledger,
+            sample_rate=self.sample_rate,
+            generator=self.generator,
+            released="DP-SGD clipped gradient sum",
+        )
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 

@@ -19,9 +19,7 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -463,24 +461,10 @@ def save_checkpoint(
         "history": list(state["history"]),
         "ledger": ledger.to_json(),
     }
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise DPVisionError(f"cannot write checkpoint {path}: folder {folder} does not exist")
-    handle, temporary = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as out:
-            torch.save(payload, out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, path)
-        directory = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(directory)
-        finally:
-            os.close(directory)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    from dpvision.pipeline import atomic_open
+
+    with atomic_open(path, "wb") as out:
+        torch.save(payload, out)
 
 
 def _resume(

@@ -163,6 +163,15 @@ def _markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
             f"{100 * row['median_last']:.2f} % | {100 * row['median_ema']:.2f} % | {paper_text} | "
             f"{runs} | {row['median_wall_seconds']:.0f} |"
         )
+    lines += [
+        "",
+        "`cnn-augmult` is the `cnn` recipe with augmentation multiplicity: K = 4 views per "
+        "example, each a random crop (reflect padding 2) and a horizontal flip with "
+        "probability ½; each example's gradient is the mean over its views, then clipped. "
+        "Wall times are per run with two or three runs sharing the 2 cores (1 torch thread "
+        "each). Per-run results (with the ledger and the resolved config) are in "
+        "`benchmarks/results/dpsgd_fmnist/`.",
+    ]
     return "\n".join(lines) + "\n"
 
 

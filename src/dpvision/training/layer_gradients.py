@@ -228,31 +228,37 @@ class _Dense:
     def per_example(self, x: torch.Tensor, g: torch.Tensor, views: int) -> torch.Tensor:
         """(B, p, d) per-example weight gradients Σₜ gₜaₜᵀ of one call.
 
-        Convolutions with many output positions use the grouped-convolution form (the
-        examples as groups, the output gradient as the kernel), which needs no im2col copy;
-        the others use im2col and one batched matrix product.
+        Convolutions with many output positions use the weight-gradient kernel of a grouped
+        convolution (the examples as groups, their K views as its batch), which needs no
+        im2col copy; the others use im2col and one batched matrix product.
         """
         if not (self.is_conv and self.positions(g) >= _GROUPED_MIN_POSITIONS):
             a, rows = self.rows(x, g, views)
             return torch.bmm(rows.transpose(1, 2), a)
         kernel, stride, dilation = self.geometry()
-        padded, (pad_h, pad_w) = self.padded(x)
-        if pad_h or pad_w:
-            padded = F.pad(padded, (pad_w, pad_w, pad_h, pad_h))
+        padded, padding = self.padded(x)
         n, c = padded.shape[:2]
         batch, p = n // views, g.shape[1]
-        # Group b holds the K views of example b as input channels; out[c, b·p + o, u, v] =
-        # Σₖ Σ_hw g[bK + k, o, h, w] · x[bK + k, c, h·s + u·dil, w·s + v·dil].
-        kernels = g.reshape(batch, views, p, *g.shape[2:]).transpose(1, 2)
-        out = F.conv2d(
-            padded.transpose(0, 1),
-            kernels.reshape(batch * p, views, *g.shape[2:]),
-            groups=batch,
-            stride=dilation,
-            dilation=stride,
+        # The weight gradient of a convolution with the examples as groups: the K views of
+        # an example are the batch of its group, so the backward sums over them.
+        inputs = padded.reshape(batch, views, c, *padded.shape[2:]).transpose(0, 1)
+        grads = g.reshape(batch, views, p, *g.shape[2:]).transpose(0, 1)
+        weight = padded.new_empty(batch * p, c, *kernel)  # only its shape is read
+        _, out, _ = torch.ops.aten.convolution_backward(
+            grads.reshape(views, batch * p, *g.shape[2:]),
+            inputs.reshape(views, batch * c, *padded.shape[2:]),
+            weight,
+            None,
+            list(stride),
+            list(padding),
+            list(dilation),
+            False,
+            [0, 0],
+            batch,
+            [False, True, False],
         )
-        out = out[..., : kernel[0], : kernel[1]].reshape(c, batch, p, kernel[0] * kernel[1])
-        return out.permute(1, 2, 3, 0).reshape(batch, p, kernel[0] * kernel[1] * c)
+        out = out.reshape(batch, p, c, kernel[0], kernel[1]).permute(0, 1, 3, 4, 2)
+        return out.reshape(batch, p, kernel[0] * kernel[1] * c)
 
 
 def _im2col(

@@ -310,7 +310,8 @@ class _DenseTerms(LayerTerms):
         positions = views * sum(self.dense.positions(g) for _, g in calls)
         self.materialise = strategy == "materialise" or (
             strategy == "auto"
-            and p * d <= positions * positions * (p + d)
+            # Materialising costs B·T·p·d, the ghost norm B·T²·(p + d) (T positions).
+            and p * d <= positions * (p + d)
             and batch * p * d * weight.element_size() <= MATERIALISE_BYTES
         )
         self.train_weight = _trainable(weight)
@@ -361,14 +362,16 @@ class _DenseTerms(LayerTerms):
     def _materialised_sq(self, per_example: torch.Tensor) -> torch.Tensor:
         if self.ws is None:
             return _sq_rows(per_example)
-        # _map_ws, in place on one (B, p, d) buffer: ‖(γ/s)(G − mean(G) − live·⟨G, w̃⟩w̃)‖².
+        # ‖∂w‖² = Σₒ (γₒ/sₒ)²(‖Gₒ‖² − (Σ Gₒ)²/d − liveₒ⟨Gₒ, w̃ₒ⟩²): the projection removes
+        # the orthonormal directions 1/√d and w̃ₒ (w̃ₒ ⟂ 1, ‖w̃ₒ‖ = 1 when live), so no
+        # (B, p, d) temporary is needed.
         tilde, ratio, live = self._standardisation()
-        gain = (per_example * tilde).sum(-1)
+        gain = torch.einsum("bpd,pd->bp", per_example, tilde)
         sq = per_example.new_zeros(len(gain))
         if self.train_weight:
-            centred = per_example - per_example.mean(-1, keepdim=True)
-            centred.addcmul_(tilde, (gain * live)[..., None], value=-1)
-            per_channel = torch.linalg.vector_norm(centred, dim=-1).pow(2)
+            full = torch.linalg.vector_norm(per_example, dim=-1).pow(2)
+            mean_part = per_example.sum(-1).pow(2) / per_example.shape[-1]
+            per_channel = (full - mean_part - live * gain.pow(2)).clamp(min=0)
             sq = sq + (per_channel * ratio.pow(2)).sum(1)
         return sq + _sq_rows(gain) if self.train_gain else sq
 
@@ -435,7 +438,7 @@ class _GroupNormTerms(LayerTerms):
                 normalised = F.group_norm(x, module.num_groups, eps=module.eps)
             flat_g = g.reshape(g.shape[0], g.shape[1], -1)
             parts = {
-                "weight": (flat_g * normalised.reshape_as(flat_g)).sum(-1),
+                "weight": torch.einsum("bci,bci->bc", flat_g, normalised.reshape_as(flat_g)),
                 "bias": flat_g.sum(-1),
             }
             for name, rows in parts.items():

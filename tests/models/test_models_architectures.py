@@ -123,7 +123,7 @@ def test_bad_wide_resnet_depth_is_a_user_error(depth):
         lambda: tanh_cnn((1, 28, 28), num_classes=1),
         lambda: wide_resnet(16, 0),
         lambda: wide_resnet(16, 4, groups=5),
-        lambda: ScatterCNN((243, 8, 8), groups=0),
+        lambda: ScatterCNN((243, 8, 8), groups=-1),
         lambda: WSConv2d(3, 8, 3, padding=-1),
     ],
 )
@@ -194,3 +194,9 @@ def test_ws_conv_initialisation():
     assert conv.weight.std().item() == pytest.approx(1 / math.sqrt(64 * 9), rel=0.03)
     assert torch.equal(conv.gain, torch.ones(256, 1, 1, 1))
     assert torch.equal(conv.bias, torch.zeros(256))
+
+
+def test_scatter_cnn_without_input_norm_for_privately_normalised_features():
+    model = ScatterCNN((81, 7, 7), groups=0)
+    assert isinstance(model.norm, torch.nn.Identity)
+    assert model(torch.zeros(2, 81, 7, 7)).shape == (2, 10)

@@ -4,6 +4,8 @@ Commands:
   dpvision privacy epsilon  ε spent by T steps of the (Poisson-sampled) Gaussian mechanism
   dpvision privacy noise    the noise multiplier σ that meets a target (ε, δ)
   dpvision privacy steps    how many steps a noise multiplier allows within (ε, δ)
+  dpvision train            train a private classifier and write its result JSON
+  dpvision audit            an empirical ε lower bound by membership inference
 
 User errors (bad values, unreachable targets) print one line on stderr and exit with code 2.
 """
@@ -104,6 +106,57 @@ def _add_common_arguments(
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments that describe a training run (shared by ``train`` and ``audit``)."""
+    parser.add_argument("--config", metavar="FILE.toml", help="a TOML run configuration")
+    parser.add_argument(
+        "--dataset",
+        help="digits, mnist, fashion-mnist, cifar10, cifar100, "
+        "dermamnist, npz:PATH or imagefolder:PATH",
+    )
+    parser.add_argument("--data-dir", metavar="DIR", help="folder with the dataset's files")
+    parser.add_argument(
+        "--method", help="dp-ls, dp-newton, dp-fc, dp-sgd-linear (features) or dp-sgd (deep models)"
+    )
+    parser.add_argument("--features", help="pixels or scatternet (e.g. scatternet:pool=2)")
+    parser.add_argument(
+        "--epsilon",
+        type=_positive_float,
+        metavar="E",
+        help="target ε of the whole run (inf: no noise)",
+    )
+    parser.add_argument("--delta", type=_positive_float, metavar="D", help="target δ")
+    parser.add_argument(
+        "--noise-multiplier",
+        type=_positive_float,
+        metavar="S",
+        help="a fixed σ instead of a target ε (0: no noise)",
+    )
+    _add_accountant_argument(parser)
+    parser.add_argument("--seed", type=_whole_number, metavar="N", help="random seed")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any config field, e.g. --set learner.epochs=20",
+    )
+
+
+def _flags(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "dataset": args.dataset,
+        "data_dir": args.data_dir,
+        "method": args.method,
+        "features": args.features,
+        "epsilon": args.epsilon,
+        "delta": args.delta,
+        "noise_multiplier": args.noise_multiplier,
+        "accountant": args.accountant,
+        "seed": args.seed,
+    }
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="dpvision",
@@ -148,39 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
         "summary and (with --json) write the result JSON. With no arguments it trains DP-LS "
         "on scikit-learn's digits at ε = 3, which needs no download.",
     )
-    train.add_argument("--config", metavar="FILE.toml", help="a TOML run configuration")
-    train.add_argument(
-        "--dataset",
-        help="digits, mnist, fashion-mnist, cifar10, cifar100, "
-        "dermamnist, npz:PATH or imagefolder:PATH",
-    )
-    train.add_argument("--data-dir", metavar="DIR", help="folder with the dataset's files")
-    train.add_argument(
-        "--method", help="dp-ls, dp-newton, dp-fc, dp-sgd-linear (features) or dp-sgd (deep models)"
-    )
-    train.add_argument("--features", help="pixels or scatternet (e.g. scatternet:pool=2)")
-    train.add_argument(
-        "--epsilon",
-        type=_positive_float,
-        metavar="E",
-        help="target ε of the whole run (inf: no noise)",
-    )
-    train.add_argument("--delta", type=_positive_float, metavar="D", help="target δ")
-    train.add_argument(
-        "--noise-multiplier",
-        type=_positive_float,
-        metavar="S",
-        help="a fixed σ instead of a target ε (0: no noise)",
-    )
-    _add_accountant_argument(train)
-    train.add_argument("--seed", type=_whole_number, metavar="N", help="random seed")
-    train.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override any config field, e.g. --set learner.epochs=20",
-    )
+    _add_run_arguments(train)
     train.add_argument("--json", metavar="FILE", help="write the result JSON here")
     train.add_argument(
         "--checkpoint",
@@ -189,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
         "steps and at the end",
     )
     train.add_argument("--quiet", action="store_true", help="no progress messages")
+    _add_audit_parser(commands)
     return parser
 
 
@@ -196,17 +218,7 @@ def _run_train(args: argparse.Namespace) -> None:
     from dpvision.config import resolve
     from dpvision.pipeline import run_training, summary, write_json_atomic
 
-    flags = {
-        "dataset": args.dataset,
-        "data_dir": args.data_dir,
-        "method": args.method,
-        "features": args.features,
-        "epsilon": args.epsilon,
-        "delta": args.delta,
-        "noise_multiplier": args.noise_multiplier,
-        "accountant": args.accountant,
-        "seed": args.seed,
-    }
+    flags = _flags(args)
     config = resolve(args.config, flags, args.set)
     if args.json:  # fail on an unwritable path before training, not after
         from pathlib import Path
@@ -220,6 +232,128 @@ def _run_train(args: argparse.Namespace) -> None:
     print(summary(result))
     if args.json:
         print(f"result written to {args.json}")
+
+
+def _add_audit_parser(commands: Any) -> None:
+    audit = commands.add_parser(
+        "audit",
+        help="empirical ε lower bound of a training configuration by membership inference",
+        description="Train many models on a small D and on D' = D ∪ {canary}, and turn how "
+        "well the canary's loss tells them apart into a lower bound on ε (Clopper-Pearson, "
+        "De et al. 2022 App. A.2). A bound above the claimed ε proves a privacy bug. Phase I "
+        "picks the canary and swept settings that separate best; phase II measures with "
+        "fresh runs. δ defaults to 1/|D|.",
+    )
+    _add_run_arguments(audit)
+    audit.add_argument(
+        "--runs",
+        type=_whole_number,
+        default=1000,
+        metavar="N",
+        help="phase II: models trained on each of D and D' (default 1000)",
+    )
+    audit.add_argument(
+        "--phase1-runs",
+        type=_whole_number,
+        default=100,
+        metavar="N",
+        help="phase I: models per side for each candidate (default 100)",
+    )
+    audit.add_argument(
+        "--dataset-size",
+        type=_whole_number,
+        default=100,
+        metavar="N",
+        help="|D|: the first N training examples (default 100)",
+    )
+    audit.add_argument(
+        "--canary",
+        default=None,
+        metavar="KINDS",
+        help="comma-separated canaries for phase I: blank, noise, mislabeled (default: all)",
+    )
+    audit.add_argument(
+        "--canary-label",
+        type=_whole_number,
+        default=0,
+        metavar="K",
+        help="label of the blank and noise canaries (default 0)",
+    )
+    audit.add_argument(
+        "--sweep",
+        action="append",
+        default=None,
+        metavar="KEY=V1,V2",
+        help="phase I tries each value of KEY (repeatable; default: a per-method grid; "
+        "--sweep none for no sweep)",
+    )
+    audit.add_argument(
+        "--confidence",
+        type=_positive_float,
+        default=0.999,
+        metavar="P",
+        help="confidence of the lower bound (default 0.999)",
+    )
+    audit.add_argument(
+        "--selection-fraction",
+        type=_positive_float,
+        default=0.1,
+        metavar="F",
+        help="share of phase II runs that choose the threshold (default 0.1)",
+    )
+    audit.add_argument("--histogram", metavar="FILE.png", help="write the loss histogram here")
+    audit.add_argument("--quiet", action="store_true", help="no progress bar")
+    audit.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        metavar="FILE",
+        help="print the report as JSON (or write it to FILE)",
+    )
+
+
+def _run_audit(args: argparse.Namespace) -> None:
+    from pathlib import Path
+
+    from dpvision.audit import AuditSettings, audit_config, parse_sweep, run_audit, summary
+    from dpvision.audit.canaries import CANARIES
+    from dpvision.pipeline import write_json_atomic
+
+    for path in (args.histogram, None if args.json == "-" else args.json):
+        folder = Path(path).parent if path else None
+        if folder is not None and str(folder) and not folder.is_dir():
+            raise DPVisionError(f"cannot write {path}: folder {folder} does not exist")
+    config, default_sweep = audit_config(args.config, _flags(args), args.set)
+    if args.sweep is None:
+        sweep = default_sweep
+    elif args.sweep == ["none"]:
+        sweep = ()
+    else:
+        sweep = parse_sweep(args.sweep)
+    canaries = tuple(c.strip() for c in args.canary.split(",")) if args.canary else CANARIES
+    settings = AuditSettings(
+        dataset_size=args.dataset_size,
+        canaries=canaries,
+        canary_label=args.canary_label,
+        sweep=sweep,
+        phase1_runs=args.phase1_runs,
+        runs=args.runs,
+        confidence=args.confidence,
+        selection_fraction=args.selection_fraction,
+        delta=args.delta,
+        seed=args.seed if args.seed is not None else 0,
+    )
+    report = run_audit(config, settings, progress=not args.quiet, histogram=args.histogram)
+    if args.json == "-":
+        print(json.dumps(report, default=float))
+        return
+    if args.json:
+        write_json_atomic(args.json, report)
+    print(summary(report))
+    if args.json:
+        print(f"report written to {args.json}")
+    if args.histogram:
+        print(f"histogram written to {args.histogram}")
 
 
 def _accountants_for(sample_rate: float, chosen: str | None) -> list[Any]:
@@ -426,6 +560,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(json.dumps(result))
         elif args.command == "train":
             _run_train(args)
+        elif args.command == "audit":
+            _run_audit(args)
     except DPVisionError as error:
         print(f"dpvision: error: {error}", file=sys.stderr)
         return EXIT_USAGE

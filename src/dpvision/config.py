@@ -244,6 +244,15 @@ def resolve(
     return validate(_build(TrainConfig, raw, where))
 
 
+def override(config: TrainConfig, items: list[str]) -> TrainConfig:
+    """A copy of ``config`` with ``--set``-style ``key=value`` items applied, validated."""
+    raw = config.to_dict()
+    for item in items:
+        path, value = parse_override(item)
+        _assign(raw, path, value, f"--set {item}")
+    return validate(_build(TrainConfig, raw, "config"))
+
+
 # A target ε and a fixed σ exclude each other: whichever is given later wins.
 _ALTERNATIVE = {"epsilon": "noise_multiplier", "noise_multiplier": "epsilon"}
 

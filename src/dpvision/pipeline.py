@@ -115,7 +115,6 @@ def run_training(
         raise DPVisionError(f"--checkpoint is for --method dp-sgd, not {config.method}")
     from dpvision.data import load_dataset
     from dpvision.features import load_or_extract, parse_feature_spec
-    from dpvision.learners import LEARNERS
 
     start = time.perf_counter()
     spec = parse_feature_spec(config.features)
@@ -123,34 +122,18 @@ def run_training(
     dataset = load_dataset(config.dataset, config.data_dir)
     _say(f"features {config.features} for {dataset.num_train} + {dataset.num_test} images", quiet)
     train, test = load_or_extract(dataset, spec, progress=not quiet)
-    preprocessing_seed, learner_seed = _seeds(config.seed)
-    ledger = PrivacyLedger()
     channels = _channels(config, dataset, spec)
-    train, test = preprocess(config, train, test, channels, ledger, preprocessing_seed)
-    prior_count = ledger.total_count
-
-    learner_cls = LEARNERS[config.method]
-    target = config.epsilon
-    learner = learner_cls(
-        target_epsilon=target,
-        target_delta=config.delta,
-        noise_multiplier=None if target is not None else config.noise_multiplier,
-        accountant=config.accountant,
-        random_state=learner_seed,
-        num_classes=dataset.num_classes,
-        **config.learner,
-    )
     _say(
         f"training {config.method} on {train.shape[1]} features "
-        f"(target ε = {target if target is not None else 'from σ'}, δ = {config.delta:g})",
+        f"(target ε = {config.epsilon if config.epsilon is not None else 'from σ'}, "
+        f"δ = {config.delta:g})",
         quiet,
     )
-    try:
-        learner.fit(train, dataset.train_labels, prior_ledger=ledger)
-    except TypeError as error:  # a learner option of the wrong type
-        raise DPVisionError(f"learner options for {config.method}: {error}") from None
+    learner, train, test, prior = fit_learner(
+        config, train, dataset.train_labels, test, channels, dataset.num_classes
+    )
     accuracy = float(learner.score(test, dataset.test_labels))
-    own = learner.privacy_ledger_.entries[len(ledger.entries) :] or learner.privacy_ledger_.entries
+    own = learner.privacy_ledger_.entries[len(prior.entries) :] or learner.privacy_ledger_.entries
     return {
         "dataset": dataset.name,
         "method": config.method,
@@ -160,7 +143,7 @@ def run_training(
         "delta": config.delta,
         "accountant": config.accountant or _auto_accountant(learner.privacy_ledger_),
         "noise_multiplier": learner.noise_multiplier_,
-        "steps": learner.privacy_ledger_.total_count - prior_count,
+        "steps": learner.privacy_ledger_.total_count - prior.total_count,
         "sample_rate": own[-1].sample_rate,
         "n_train": int(dataset.num_train),
         "n_test": int(dataset.num_test),
@@ -171,6 +154,47 @@ def run_training(
         "privacy_ledger": learner.privacy_ledger_.to_dict()["entries"],
         "config": config.to_dict(),
     }
+
+
+def fit_learner(
+    config: TrainConfig,
+    train: np.ndarray,
+    train_labels: np.ndarray,
+    test: np.ndarray,
+    channels: int,
+    num_classes: int,
+) -> tuple[Any, np.ndarray, np.ndarray, PrivacyLedger]:
+    """Private preprocessing and the feature learner of ``config``, fitted on ``train``.
+
+    The one path from features to a fitted learner: ``dpvision train`` and ``dpvision
+    audit`` both call it. Returns (the fitted learner, the preprocessed train and test
+    features, the ledger of the preprocessing alone).
+
+    Privacy:
+      Releases the model and the preprocessing statistics (see :func:`preprocess`), all
+      recorded in ``learner.privacy_ledger_``; with a target ε the learner's σ is calibrated
+      so that everything together meets (ε, δ). ``test`` is only transformed.
+    """
+    from dpvision.learners import LEARNERS
+
+    preprocessing_seed, learner_seed = _seeds(config.seed)
+    ledger = PrivacyLedger()
+    train, test = preprocess(config, train, test, channels, ledger, preprocessing_seed)
+    target = config.epsilon
+    learner = LEARNERS[config.method](
+        target_epsilon=target,
+        target_delta=config.delta,
+        noise_multiplier=None if target is not None else config.noise_multiplier,
+        accountant=config.accountant,
+        random_state=learner_seed,
+        num_classes=num_classes,
+        **config.learner,
+    )
+    try:
+        learner.fit(train, train_labels, prior_ledger=ledger)
+    except TypeError as error:  # a learner option of the wrong type
+        raise DPVisionError(f"learner options for {config.method}: {error}") from None
+    return learner, train, test, ledger
 
 
 def _zcdp_figure(ledger: PrivacyLedger, delta: float) -> float | None:

@@ -16,7 +16,7 @@ from dpvision.accounting import PrivacyLedger
 from dpvision.errors import DPVisionError
 from dpvision.learners.base import DPLinearClassifier
 from dpvision.learners.statistics import DEFAULT_CHUNK_SIZE
-from dpvision.mechanisms import release_gaussian
+from dpvision.mechanisms import clipping, release_gaussian
 
 LOSSES = ("softmax", "sigmoid")
 OPTIMIZERS = ("sgd", "momentum", "adam")
@@ -57,9 +57,8 @@ def clipped_gradient_sum(
     norms = torch.linalg.vector_norm(errors, dim=1) * torch.sqrt(sq_norms)
     finite = torch.isfinite(norms)  # a non-finite entry of xᵢ or eᵢ makes its norm non-finite
     bad = int((~finite).sum())
-    scale = torch.clamp(clip_norm / norms.clamp_min(1e-30), max=1.0)
+    scale = clipping.clip_factors(norms, clip_norm)
     if bad:
-        scale = torch.where(finite, scale, torch.zeros_like(scale))
         x = torch.where(finite.unsqueeze(1), x, torch.zeros_like(x))
         errors = torch.where(finite.unsqueeze(1), errors, torch.zeros_like(errors))
     weighted = errors * scale[:, None]

@@ -5,13 +5,14 @@ them. Each function here takes the L2 sensitivity of the value it privatises and
 the noise from it, so the sensitivity is stated once, next to the value it bounds.
 """
 
-from dpvision.mechanisms.clipping import clip_rows
+from dpvision.mechanisms.clipping import clip_factors, clip_rows
 from dpvision.mechanisms.noise import add_gaussian_noise, gaussian_noise, release_gaussian
 from dpvision.mechanisms.sampling import PoissonSampler
 
 __all__ = [
     "PoissonSampler",
     "add_gaussian_noise",
+    "clip_factors",
     "clip_rows",
     "gaussian_noise",
     "release_gaussian",

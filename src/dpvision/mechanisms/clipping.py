@@ -9,6 +9,26 @@ Frobenius norm).
 import torch
 
 
+def clip_factors(
+    norms: torch.Tensor, max_norm: float, keep: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The per-example scales cᵢ = min(1, C/‖gᵢ‖) that bound each contribution cᵢgᵢ by C.
+
+    This is dpvision's one clipping rule: every path that clips (rows of features, per-example
+    gradients by ``torch.func`` or by book-keeping, the linear head) calls it. Examples whose
+    norm is not finite, and those where ``keep`` is false, get cᵢ = 0 (they then contribute
+    nothing, which keeps every sensitivity bound valid).
+
+    >>> clip_factors(torch.tensor([0.5, 2.0, float("nan")]), 1.0)
+    tensor([1.0000, 0.5000, 0.0000])
+    """
+    finite = torch.isfinite(norms)
+    if keep is not None:
+        finite = finite & keep.to(device=norms.device, dtype=torch.bool)
+    scale = torch.clamp(max_norm / norms.clamp_min(1e-30), max=1.0)
+    return torch.where(finite, scale, torch.zeros_like(scale))
+
+
 def clip_rows(x: torch.Tensor, max_norm: float) -> torch.Tensor:
     """Scales each row to L2 norm at most ``max_norm``: x · min(1, C/‖x‖).
 
@@ -18,4 +38,4 @@ def clip_rows(x: torch.Tensor, max_norm: float) -> torch.Tensor:
     finite = torch.isfinite(x).all(dim=1, keepdim=True)
     x = torch.where(finite, x, torch.zeros_like(x))
     norms = torch.linalg.vector_norm(x, dim=1, keepdim=True)
-    return x * torch.clamp(max_norm / norms.clamp_min(1e-30), max=1.0)
+    return x * clip_factors(norms, max_norm)

@@ -6,6 +6,8 @@
   data-independent GroupNorm in front (Tramèr & Boneh).
 * :func:`wide_resnet` / :class:`WideResNet` — WRNs with GroupNorm and weight-standardised
   convolutions (:class:`WSConv2d`), as in jax_privacy (De et al.).
+* :func:`mlp` / :class:`MLP` — small tanh MLPs (or logistic regression) on flattened images,
+  for any image size; the model of many-run privacy audits.
 * :func:`validate_model` and :func:`replace_batchnorm` — reject or fix layers that mix the
   examples of a batch (BatchNorm), which per-example clipping cannot tolerate.
 
@@ -22,16 +24,19 @@ torch.Size([2, 10])
 """
 
 from dpvision.models.layers import WSConv2d
+from dpvision.models.mlp import MLP, mlp
 from dpvision.models.scatter_cnn import ScatterCNN, scatter_cnn
 from dpvision.models.tanh_cnn import TanhCNN, tanh_cnn
 from dpvision.models.validation import replace_batchnorm, validate_model
 from dpvision.models.wide_resnet import WideResNet, wide_resnet
 
 __all__ = [
+    "MLP",
     "ScatterCNN",
     "TanhCNN",
     "WSConv2d",
     "WideResNet",
+    "mlp",
     "replace_batchnorm",
     "scatter_cnn",
     "tanh_cnn",

@@ -40,6 +40,7 @@ from torch import nn
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from dpvision.errors import DPVisionError
+from dpvision.mechanisms import clipping
 from dpvision.training.layer_gradients import (
     Call,
     LayerTerms,
@@ -235,10 +236,10 @@ def clip_terms(
         sq = sq + layer.sq_norms.to(sq.dtype)
     norms = sq.sqrt() * grad_scale
     finite = torch.isfinite(norms)
-    keep = finite if mask is None else finite & mask.to(device=finite.device, dtype=torch.bool)
-    scale = torch.where(
-        keep, (max_grad_norm / norms.clamp_min(1e-12)).clamp(max=1.0), torch.zeros_like(norms)
-    )
+    keep = finite
+    if mask is not None:
+        keep = keep & mask.to(device=keep.device, dtype=torch.bool)
+    scale = clipping.clip_factors(norms, max_grad_norm, keep)
     drop = None if bool(keep.all()) else ~keep
     grads: dict[str, torch.Tensor] = {}
     for path, layer in terms:

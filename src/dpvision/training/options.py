@@ -16,7 +16,8 @@ from dpvision.errors import DPVisionError
 OPTIMIZERS = ("sgd", "adam")
 NORMALIZATIONS = ("none", "dataset")
 _WRN = re.compile(r"^wrn-(\d+)-(\d+)$")
-MODELS_HELP = "tanh-cnn, scatter-cnn, wrn-DEPTH-WIDTH (e.g. wrn-16-4)"
+_MLP = re.compile(r"^mlp-(\d+)$")
+MODELS_HELP = "tanh-cnn, scatter-cnn, wrn-DEPTH-WIDTH (e.g. wrn-16-4), mlp-HIDDEN (e.g. mlp-32)"
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,9 @@ class DPSGDOptions:
 
     Attributes:
       model: ``tanh-cnn`` (pixels, 1×28×28 or 3×32×32), ``scatter-cnn`` (ScatterNet
-        features), ``wrn-D-K`` (Wide-ResNet with GroupNorm and WS convolutions).
+        features), ``wrn-D-K`` (Wide-ResNet with GroupNorm and WS convolutions),
+        ``mlp-H`` (tanh MLP with H hidden units on flattened inputs of any size; ``mlp-0``
+        is logistic regression).
       batch_size: expected logical batch size B; Poisson sampling at q = B/N.
       physical_batch_size: examples per micro-batch (each with its K views); memory only.
       steps: logical steps T; if unset, ``epochs``.
@@ -134,7 +137,8 @@ class DPSGDOptions:
 
 
 def parse_model(name: str) -> tuple[str, dict[str, int]]:
-    """``tanh-cnn`` → ("tanh-cnn", {}); ``wrn-16-4`` → ("wrn", {"depth": 16, "width": 4})."""
+    """``tanh-cnn`` → ("tanh-cnn", {}); ``wrn-16-4`` → ("wrn", {"depth": 16, "width": 4});
+    ``mlp-32`` → ("mlp", {"hidden": 32})."""
     if name in ("tanh-cnn", "scatter-cnn"):
         return name, {}
     match = _WRN.match(name)
@@ -143,6 +147,9 @@ def parse_model(name: str) -> tuple[str, dict[str, int]]:
         if (depth - 4) % 6 or depth < 10 or width < 1:
             raise DPVisionError(f"model {name}: a WRN needs depth = 6n + 4 >= 10 and width >= 1")
         return "wrn", {"depth": depth, "width": width}
+    match = _MLP.match(name)
+    if match:
+        return "mlp", {"hidden": int(match.group(1))}
     raise DPVisionError(f"unknown model {name!r}; choose one of: {MODELS_HELP}")
 
 

@@ -17,6 +17,7 @@ import torch
 from torch.func import functional_call, grad, vmap
 
 from dpvision.errors import DPVisionError
+from dpvision.mechanisms import clipping
 
 
 @dataclass
@@ -72,27 +73,63 @@ def clipped_gradient_sum(
     params = {k: v.detach() for k, v in model.named_parameters() if v.requires_grad}
     buffers = {k: v.detach() for k, v in model.named_buffers()}
     batch = inputs if views else inputs.unsqueeze(1)
+    keep = torch.ones(len(batch), dtype=torch.bool) if mask is None else mask.to(torch.bool)
+    grads, norms, kept = functional_clipped_sum(
+        model, loss_fn, params, buffers, batch, targets, keep, max_grad_norm=max_grad_norm
+    )
+    return ClippedGradientSum(
+        grads=grads,
+        l2_sensitivity=float(max_grad_norm),
+        count=int(kept.sum()),
+        nonfinite=int((~torch.isfinite(norms)).sum()),
+        norms=norms.detach(),
+    )
+
+
+def functional_clipped_sum(
+    model: torch.nn.Module,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    params: dict[str, torch.Tensor],
+    buffers: dict[str, torch.Tensor],
+    batch: torch.Tensor,
+    targets: torch.Tensor,
+    keep: torch.Tensor,
+    *,
+    max_grad_norm: float,
+) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """The pure core of :func:`clipped_gradient_sum`, safe to ``vmap`` over stacked models.
+
+    Args:
+      model: the module whose ``forward`` is called with ``params`` and ``buffers``.
+      loss_fn: as in :func:`clipped_gradient_sum`.
+      params, buffers: the tensors to call ``model`` with (``torch.func.functional_call``).
+      batch: (B, K, ...) inputs, K views per example (K = 1 without augmentation).
+      targets: (B,) labels.
+      keep: (B,) booleans; examples that are false contribute nothing (not sampled, padding).
+      max_grad_norm: C.
+
+    Returns:
+      (Σᵢ cᵢgᵢ per parameter name, the norms ‖gᵢ‖ (B,), the examples that contributed (B,)).
+
+    Privacy:
+      Releases nothing. The sum has L2 sensitivity C under add/remove-one: cᵢ comes from
+      :func:`dpvision.mechanisms.clip_factors`, the norm taken over all of ``params``.
+    """
 
     def example_loss(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         out = functional_call(model, (p, buffers), (x,))
         return loss_fn(out, y.expand(x.shape[0])).mean()  # mean over the K views
 
     per_example = vmap(grad(example_loss), in_dims=(None, 0, 0))(params, batch, targets)
-    squares = torch.stack([g.flatten(1).pow(2).sum(1) for g in per_example.values()]).sum(0)
-    norms = squares.sqrt()
-    finite = torch.isfinite(norms)
-    keep = finite if mask is None else finite & mask.to(torch.bool)
-    scale = torch.where(
-        keep, (max_grad_norm / norms.clamp_min(1e-12)).clamp(max=1.0), torch.zeros_like(norms)
+    norms = torch.linalg.vector_norm(
+        torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in per_example.values()]),
+        dim=0,
     )
+    scale = clipping.clip_factors(norms, max_grad_norm, keep)
+    kept = torch.isfinite(norms) & keep
     grads = {}
     for name, g in per_example.items():
-        g = torch.where(keep.view(-1, *[1] * (g.dim() - 1)), g, torch.zeros_like(g))
+        # Rows with cᵢ = 0 may hold NaN or inf, which 0 · x would propagate: zero them first.
+        g = torch.where(kept.view(-1, *[1] * (g.dim() - 1)), g, 0.0)
         grads[name] = torch.tensordot(scale.to(g.dtype), g, dims=1)
-    return ClippedGradientSum(
-        grads=grads,
-        l2_sensitivity=float(max_grad_norm),
-        count=int(keep.sum()),
-        nonfinite=int((~finite).sum()),
-        norms=norms.detach(),
-    )
+    return grads, norms, kept

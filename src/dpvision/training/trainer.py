@@ -65,7 +65,7 @@ def _say(message: str, quiet: bool) -> None:
         print(f"[dpvision] {message}", file=sys.stderr, flush=True)
 
 
-def _seeds(seed: int) -> dict[str, int]:
+def run_seeds(seed: int) -> dict[str, int]:
     """Independent seeds for each source of randomness, derived from the run's seed."""
     names = ("preprocessing", "init", "sampler", "noise", "augment")
     states = np.random.SeedSequence([seed, 4]).generate_state(len(names), dtype=np.uint64)
@@ -89,11 +89,11 @@ def run_dpsgd(
       before. The reported ε is the ledger's at ``config.delta``; with a target ε the σ is
       calibrated so that it never exceeds the target.
     """
-    from dpvision.accounting import calibrate_noise_multiplier, default_accountant
+    from dpvision.accounting import default_accountant
 
     start = time.perf_counter()
     options = DPSGDOptions.from_dict(config.learner)
-    seeds = _seeds(config.seed)
+    seeds = run_seeds(config.seed)
     data = _load_data(config, options, seeds["preprocessing"], quiet)
     num_train = len(data.train_y)
     if options.batch_size > num_train:
@@ -103,28 +103,12 @@ def run_dpsgd(
     sample_rate = options.batch_size / num_train
     steps = options.steps if options.steps is not None else math.ceil(options.epochs / sample_rate)
     ledger = data.ledger
-    noise_off = (config.epsilon is not None and math.isinf(config.epsilon)) or (
-        config.noise_multiplier == 0
-    )
-    if noise_off:
-        sigma = 0.0
-    elif config.noise_multiplier is not None:
-        sigma = config.noise_multiplier
-    else:
-        assert config.epsilon is not None
-        sigma = calibrate_noise_multiplier(
-            target_epsilon=config.epsilon,
-            target_delta=config.delta,
-            sample_rate=sample_rate,
-            steps=steps,
-            accountant=config.accountant,
-            preceding_event=ledger.dp_event() if len(ledger) else None,
-        )
+    sigma = noise_multiplier_for(config, sample_rate, steps, ledger)
     _check_memory(options, data.train_x.shape[1:])
 
     torch.manual_seed(seeds["init"])
     model = build_model(options, tuple(data.train_x.shape[1:]), data.num_classes)
-    optimizer = _optimizer(options, model)
+    optimizer = make_optimizer(options, model)
     sampler = _sampler(num_train, sample_rate, steps, seeds["sampler"])
     noise_generator = torch.Generator().manual_seed(seeds["noise"])
     augment_generator = torch.Generator().manual_seed(seeds["augment"])
@@ -218,6 +202,31 @@ def run_dpsgd(
     }
 
 
+def noise_multiplier_for(
+    config: TrainConfig, sample_rate: float, steps: int, prior: PrivacyLedger
+) -> float:
+    """σ of the DP-SGD steps: 0 with the noise off, the config's σ, or σ calibrated so that
+    ``prior`` (private preprocessing) and ``steps`` Poisson-sampled steps at ``sample_rate``
+    together meet the config's (ε, δ)."""
+    from dpvision.accounting import calibrate_noise_multiplier
+
+    if (config.epsilon is not None and math.isinf(config.epsilon)) or (
+        config.noise_multiplier == 0
+    ):
+        return 0.0
+    if config.noise_multiplier is not None:
+        return config.noise_multiplier
+    assert config.epsilon is not None
+    return calibrate_noise_multiplier(
+        target_epsilon=config.epsilon,
+        target_delta=config.delta,
+        sample_rate=sample_rate,
+        steps=steps,
+        accountant=config.accountant,
+        preceding_event=prior.dp_event() if len(prior) else None,
+    )
+
+
 @dataclasses.dataclass
 class _Data:
     name: str
@@ -232,7 +241,6 @@ class _Data:
 def _load_data(config: TrainConfig, options: DPSGDOptions, seed: int, quiet: bool) -> _Data:
     """Images (normalised) or ScatterNet feature maps, as float tensors (N, C, H, W)."""
     from dpvision.data import load_dataset
-    from dpvision.data.core import images_to_tensor
     from dpvision.features import feature_shape, load_or_extract, parse_feature_spec
     from dpvision.pipeline import preprocess
 
@@ -248,16 +256,8 @@ def _load_data(config: TrainConfig, options: DPSGDOptions, seed: int, quiet: boo
                 "dp-sgd on pixels takes no feature preprocessing; set preprocessing.kind = "
                 "'none' (use learner.normalization for per-dataset pixel normalisation)"
             )
-        train_x = images_to_tensor(dataset.train_images)
-        test_x = images_to_tensor(dataset.test_images)
-        if options.normalization == "dataset":
-            if dataset.name not in DATASET_STATISTICS:
-                raise DPVisionError(
-                    f"no published statistics for {dataset.name}; set learner.normalization "
-                    f"= 'none' (known: {', '.join(DATASET_STATISTICS)})"
-                )
-            mean, std = (torch.tensor(v).view(-1, 1, 1) for v in DATASET_STATISTICS[dataset.name])
-            train_x, test_x = (train_x - mean) / std, (test_x - mean) / std
+        train_x = pixel_inputs(dataset.train_images, dataset.name, options.normalization)
+        test_x = pixel_inputs(dataset.test_images, dataset.name, options.normalization)
         return _Data(dataset.name, train_x, train_y, test_x, test_y, dataset.num_classes, ledger)
     if options.augmult:
         raise DPVisionError(
@@ -276,15 +276,37 @@ def _load_data(config: TrainConfig, options: DPSGDOptions, seed: int, quiet: boo
     return _Data(dataset.name, train_x, train_y, test_x, test_y, dataset.num_classes, ledger)
 
 
+def pixel_inputs(images: np.ndarray, dataset: str, normalization: str) -> torch.Tensor:
+    """uint8 images (N, H, W, C) → float (N, C, H, W) in [0, 1], then standardised with the
+    published per-dataset statistics when ``normalization = "dataset"``.
+
+    Privacy: a fixed per-example map with public constants; releases nothing.
+    """
+    from dpvision.data.core import images_to_tensor
+
+    inputs = images_to_tensor(images)
+    if normalization != "dataset":
+        return inputs
+    if dataset not in DATASET_STATISTICS:
+        raise DPVisionError(
+            f"no published statistics for {dataset}; set learner.normalization = 'none' "
+            f"(known: {', '.join(DATASET_STATISTICS)})"
+        )
+    mean, std = (torch.tensor(v).view(-1, 1, 1) for v in DATASET_STATISTICS[dataset])
+    return (inputs - mean) / std
+
+
 def build_model(
     options: DPSGDOptions, input_shape: tuple[int, ...], num_classes: int
 ) -> torch.nn.Module:
     """The model named by ``options.model`` for inputs of ``input_shape``, validated."""
-    from dpvision.models import scatter_cnn, tanh_cnn, validate_model, wide_resnet
+    from dpvision.models import mlp, scatter_cnn, tanh_cnn, validate_model, wide_resnet
 
     kind, sizes = parse_model(options.model)
     if kind == "tanh-cnn":
         model: torch.nn.Module = tanh_cnn(input_shape, num_classes=num_classes)
+    elif kind == "mlp":
+        model = mlp(input_shape, num_classes=num_classes, hidden=sizes["hidden"])
     elif kind == "scatter-cnn":
         model = scatter_cnn(input_shape, num_classes=num_classes, groups=options.groups)
     else:
@@ -300,7 +322,8 @@ def build_model(
     return model
 
 
-def _optimizer(options: DPSGDOptions, model: torch.nn.Module) -> torch.optim.Optimizer:
+def make_optimizer(options: DPSGDOptions, model: torch.nn.Module) -> torch.optim.Optimizer:
+    """The optimizer named by ``options`` over ``model``'s trainable parameters."""
     params = [p for p in model.parameters() if p.requires_grad]
     if options.optimizer == "adam":
         return torch.optim.Adam(params, lr=options.learning_rate, weight_decay=options.weight_decay)

@@ -1,0 +1,312 @@
+"""The two-phase audit of De et al. (2022, App. A.2), after Tramèr et al. (2022).
+
+Phase I (design): for every canary kind and every combination of the swept
+hyper-parameters, train ``phase1_runs`` models on D and as many on D', fit a Gaussian to
+each side's canary losses and keep the configuration whose two Gaussians are furthest apart
+in total variation. Any configuration is a valid target: the guarantee holds for all of
+them, so choosing the most revealing one is the adversary's right.
+
+Phase II (measure): with the chosen configuration, train ``runs`` fresh models on each of
+D and D' (seeds disjoint from phase I), choose the threshold on the first
+``selection_fraction`` of them and report, on the rest, the Clopper-Pearson ε lower bound,
+the membership AUC and advantage, beside the claimed ε and the advantage it allows.
+"""
+
+import dataclasses
+import itertools
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpvision.audit.canaries import CANARIES, make_audit_data
+from dpvision.audit.statistics import (
+    advantage_upper_bound,
+    audit_scores,
+    gaussian_tv_distance,
+)
+from dpvision.audit.targets import AuditTarget, make_target
+from dpvision.config import TrainConfig, override, parse_override
+from dpvision.errors import DPVisionError
+
+
+@dataclasses.dataclass(frozen=True)
+class AuditSettings:
+    """How much an audit trains, and what it sweeps.
+
+    Attributes:
+      dataset_size: |D|, the first examples of the config's dataset.
+      canaries: canary kinds tried in phase I (``blank``, ``noise``, ``mislabeled``).
+      canary_label: label of the ``blank`` and ``noise`` canaries.
+      sweep: config keys (as for ``--set``) and the values phase I tries for each.
+      phase1_runs: models per side for each phase-I candidate.
+      runs: models per side in phase II.
+      confidence: probability that the reported lower bound is valid.
+      selection_fraction: share of phase-II runs that choose the threshold.
+      delta: δ of the claim (None: 1/|D|, as in De et al.).
+      seed: seeds everything.
+    """
+
+    dataset_size: int = 100
+    canaries: tuple[str, ...] = ("blank",)
+    canary_label: int = 0
+    sweep: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    phase1_runs: int = 200
+    runs: int = 1000
+    confidence: float = 0.999
+    selection_fraction: float = 0.1
+    delta: float | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("phase1_runs", "runs", "dataset_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+                raise DPVisionError(f"{name.replace('_', '-')} must be a whole number >= 2")
+        unknown = [c for c in self.canaries if c not in CANARIES]
+        if unknown or not self.canaries:
+            raise DPVisionError(
+                f"unknown canary {', '.join(unknown) or '(none)'}; choose from "
+                f"{', '.join(CANARIES)}"
+            )
+        if not 0 < self.confidence < 1:
+            raise DPVisionError(f"confidence must be in (0, 1), got {self.confidence}")
+
+    def candidates(self) -> list[tuple[str, tuple[str, ...]]]:
+        """Every (canary, ``--set`` items) combination phase I tries."""
+        keys = [key for key, _ in self.sweep]
+        grids = [values for _, values in self.sweep]
+        combos = [
+            tuple(f"{key}={_toml(value)}" for key, value in zip(keys, values, strict=True))
+            for values in itertools.product(*grids)
+        ]
+        return [(canary, combo) for canary in self.canaries for combo in combos]
+
+
+# What an audit trains when the user does not say: small enough for thousands of runs.
+# dp-sgd follows De et al.'s |D| = 100 setting (Table 8: batch 64, 50-100 updates) with a
+# small MLP on the pixels; the feature learners keep their own defaults.
+AUDIT_DEFAULTS: dict[str, tuple[str, ...]] = {
+    "dp-sgd": (
+        "learner.model='mlp-32'",
+        "learner.batch_size=64",
+        "learner.physical_batch_size=64",
+        "learner.steps=50",
+        "learner.learning_rate=1.0",
+        "learner.max_grad_norm=1.0",
+        "learner.normalization='none'",
+    ),
+}
+
+# Phase I's default grid (De et al. Table 8 swept learning rate, clipping norm and updates).
+DEFAULT_SWEEPS: dict[str, tuple[tuple[str, tuple[Any, ...]], ...]] = {
+    "dp-sgd": (("learner.learning_rate", (0.5, 1.0)), ("learner.max_grad_norm", (0.1, 1.0))),
+    "dp-ls": (("learner.clip_norm", (1.0, 10.0)),),
+    "dp-newton": (("learner.clip_norm", (1.0, 10.0)),),
+    "dp-fc": (("learner.clip_norm", (1.0, 10.0)),),
+    "dp-sgd-linear": (("learner.clip_norm", (1.0, 10.0)),),
+}
+
+
+def audit_config(
+    file: str | Path | None, flags: dict[str, Any], sets: Sequence[str]
+) -> tuple[TrainConfig, tuple[tuple[str, tuple[Any, ...]], ...]]:
+    """The config to audit and phase I's default sweep: the defaults of ``dpvision train`` <
+    :data:`AUDIT_DEFAULTS` < the TOML file < flags < ``--set``. Keys the user set are not
+    swept by default."""
+    from dpvision.config import load_toml, resolve
+
+    given = {".".join(parse_override(item)[0]) for item in sets}
+    raw = load_toml(file) if file is not None else {}
+    given |= {f"learner.{key}" for key in raw.get("learner", {})}
+    method = resolve(file, flags, list(sets)).method
+    defaults = [
+        item
+        for item in AUDIT_DEFAULTS.get(method, ())
+        if ".".join(parse_override(item)[0]) not in given
+    ]
+    config = resolve(file, flags, [*defaults, *sets])
+    sweep = tuple((k, v) for k, v in DEFAULT_SWEEPS.get(method, ()) if k not in given)
+    return config, sweep
+
+
+def parse_sweep(items: Sequence[str]) -> tuple[tuple[str, tuple[Any, ...]], ...]:
+    """``["learner.learning_rate=0.1,0.5"]`` → ((``learner.learning_rate``, (0.1, 0.5)),)."""
+    sweep = []
+    for item in items:
+        path, raw = parse_override(item)
+        text = item.split("=", 1)[1]
+        values = tuple(parse_override(f"v={part}")[1] for part in text.split(",") if part.strip())
+        if not values:
+            raise DPVisionError(f"--sweep {item}: give at least one value")
+        del raw
+        sweep.append((".".join(path), values))
+    return tuple(sweep)
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _gaussian_tv(out: np.ndarray, inside: np.ndarray) -> float:
+    return gaussian_tv_distance(
+        float(out.mean()), float(out.std()), float(inside.mean()), float(inside.std())
+    )
+
+
+def run_audit(
+    config: TrainConfig,
+    settings: AuditSettings,
+    *,
+    progress: bool = True,
+    histogram: str | Path | None = None,
+) -> dict[str, Any]:
+    """Audits the training ``config`` describes; returns the report (a JSON-ready dict).
+
+    Args:
+      config: what ``dpvision train`` would run (method, ε, learner options, ...), except
+        that it trains on the audit's D or D' and δ defaults to 1/|D|.
+      settings: the audit's sizes, canaries and sweep.
+      progress: show a progress bar on stderr.
+      histogram: where to write the PNG of the phase-II canary losses (None: no plot).
+    """
+    from dpvision.data import load_dataset
+    from dpvision.features import Progress
+
+    start = time.perf_counter()
+    delta = settings.delta if settings.delta is not None else 1 / settings.dataset_size
+    config = dataclasses.replace(config, delta=delta)
+    dataset = load_dataset(config.dataset, config.data_dir)
+    candidates = settings.candidates()
+
+    def target_for(canary: str, items: tuple[str, ...]) -> AuditTarget:
+        data = make_audit_data(
+            dataset,
+            size=settings.dataset_size,
+            canary=canary,
+            label=settings.canary_label,
+            seed=settings.seed,
+        )
+        return make_target(override(config, list(items)), data)
+
+    phase1: list[dict[str, Any]] = []
+    phase1_seconds = 0.0
+    if len(candidates) > 1:
+        started = time.perf_counter()
+        total = 2 * settings.phase1_runs * len(candidates)
+        with Progress(total, desc="audit phase I", unit="models", enabled=progress) as bar:
+            for index, (canary, items) in enumerate(candidates):
+                target = target_for(canary, items)
+                seed = _seed(settings, 1, index)
+                out = target.canary_losses(False, settings.phase1_runs, seed, bar.update)
+                inside = target.canary_losses(True, settings.phase1_runs, seed, bar.update)
+                phase1.append(
+                    {
+                        "canary": canary,
+                        "set": list(items),
+                        "tv_distance": _gaussian_tv(out, inside),
+                        "mean_loss_without": float(out.mean()),
+                        "mean_loss_with": float(inside.mean()),
+                    }
+                )
+        phase1_seconds = time.perf_counter() - started
+        best = max(range(len(phase1)), key=lambda i: phase1[i]["tv_distance"])
+    else:
+        best = 0
+    canary, items = candidates[best]
+    started = time.perf_counter()
+    target = target_for(canary, items)
+    with Progress(2 * settings.runs, desc="audit phase II", unit="models", enabled=progress) as bar:
+        out = target.canary_losses(False, settings.runs, _seed(settings, 2, 0), bar.update)
+        inside = target.canary_losses(True, settings.runs, _seed(settings, 2, 0), bar.update)
+    phase2_seconds = time.perf_counter() - started
+    result = audit_scores(
+        out,
+        inside,
+        delta=delta,
+        confidence=settings.confidence,
+        selection_fraction=settings.selection_fraction,
+    )
+    claim = target.claim
+    report: dict[str, Any] = {
+        "method": config.method,
+        "dataset": dataset.name,
+        "dataset_size": settings.dataset_size,
+        "canary": canary,
+        "canary_label": target.data.canary_label,
+        "chosen_set": list(items),
+        "claimed_epsilon": claim.epsilon,
+        "target_epsilon": config.epsilon,
+        "delta": delta,
+        "accountant": claim.accountant,
+        "noise_multiplier": claim.noise_multiplier,
+        "steps": claim.steps,
+        "sample_rate": claim.sample_rate,
+        "epsilon_lower_bound": result.epsilon_lower_bound,
+        "confidence": result.confidence,
+        "violation": result.epsilon_lower_bound > claim.epsilon,
+        "membership_auc": result.auc,
+        "membership_advantage": result.advantage,
+        "advantage_upper_bound": advantage_upper_bound(claim.epsilon, delta),
+        "threshold": result.threshold,
+        "threshold_direction": "loss <= threshold" if result.sign > 0 else "loss >= threshold",
+        "fpr": result.fpr,
+        "tpr": result.tpr,
+        "fpr_upper": result.fpr_upper,
+        "tpr_lower": result.tpr_lower,
+        "runs_per_side": settings.runs,
+        "selection_runs": result.selection_runs,
+        "evaluation_runs": result.evaluation_runs,
+        "phase1": phase1,
+        "phase1_runs_per_side": settings.phase1_runs if phase1 else 0,
+        "phase1_seconds": phase1_seconds,
+        "phase2_seconds": phase2_seconds,
+        "wall_seconds": time.perf_counter() - start,
+        "seed": settings.seed,
+        "privacy_ledger": claim.ledger,
+        "config": config.to_dict(),
+        "losses_without": out.tolist(),
+        "losses_with": inside.tolist(),
+    }
+    if histogram is not None:
+        from dpvision.audit.plot import loss_histogram
+
+        loss_histogram(out, inside, report, histogram)
+        report["histogram"] = str(histogram)
+    return report
+
+
+def _seed(settings: AuditSettings, phase: int, index: int) -> int:
+    state = np.random.SeedSequence([settings.seed, phase, index]).generate_state(1)
+    return int(state[0])
+
+
+def summary(report: dict[str, Any]) -> str:
+    """A few readable lines about an audit report."""
+    claimed = report["claimed_epsilon"]
+    verdict = (
+        "VIOLATION: the lower bound exceeds the claimed ε"
+        if report["violation"]
+        else "no violation found"
+    )
+    claimed_text = "∞ (no noise)" if math.isinf(claimed) else f"{claimed:.4f}"
+    return (
+        f"audit of {report['method']} on {report['dataset_size']} examples of "
+        f"{report['dataset']}, canary {report['canary']} "
+        f"({', '.join(report['chosen_set']) or 'config as given'})\n"
+        f"claimed ε = {claimed_text} at δ = {report['delta']:.3g}; ε lower bound "
+        f"{report['epsilon_lower_bound']:.4f} at {100 * report['confidence']:g} % confidence "
+        f"({report['evaluation_runs']} + {report['evaluation_runs']} evaluation runs): {verdict}\n"
+        f"membership AUC {report['membership_auc']:.3f}, advantage "
+        f"{report['membership_advantage']:.3f} (at most {report['advantage_upper_bound']:.3f} "
+        f"under the claim)\n"
+        f"wall time {report['wall_seconds']:.1f} s (phase I {report['phase1_seconds']:.1f} s, "
+        f"phase II {report['phase2_seconds']:.1f} s)"
+    )

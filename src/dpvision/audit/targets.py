@@ -89,8 +89,19 @@ def _run_seed(seed: int, with_canary: bool, run: int) -> int:
 
 
 def _canary_loss(scores: torch.Tensor, label: int) -> torch.Tensor:
-    """Cross-entropy of the canary's label under scores (..., m): the audit's score."""
+    """Cross-entropy of the canary's label under logits (..., m): the DP-SGD audit's score."""
     return -torch.log_softmax(scores.to(torch.float64), dim=-1)[..., label]
+
+
+def _linear_loss(scores: torch.Tensor, label: int) -> torch.Tensor:
+    """−(score of the canary's label): the feature learners' audit score.
+
+    Their scores are one-vs-all regression outputs or margins, not logits; the canary's own
+    class score is where its contribution to the released statistics (its row in b_y, its
+    gradient) shows, and the other classes' scores only add noise. On DP-LS it separates
+    D from D' markedly better than the cross-entropy of the scores.
+    """
+    return -scores[..., label].to(torch.float64)
 
 
 class AuditTarget(abc.ABC):
@@ -114,6 +125,8 @@ class AuditTarget(abc.ABC):
 
 class LearnerTarget(AuditTarget):
     """Feature learners (``dp-ls``, ``dp-newton``, ``dp-fc``, ``dp-sgd-linear``), one fit per run.
+
+    The score of a run is −(the fitted model's score of the canary's label on z).
 
     σ is calibrated once, by a first fit on D with the config's target ε; the audited runs
     then use that σ (the mechanism is fixed before the data are: |D| is public).
@@ -184,7 +197,7 @@ class LearnerTarget(AuditTarget):
                 self.data.num_classes,
             )
             scores = torch.from_numpy(learner.decision_function(canary))
-            losses[run] = float(_canary_loss(scores[0], self.data.canary_label))
+            losses[run] = float(_linear_loss(scores[0], self.data.canary_label))
             if progress is not None:
                 progress(1)
         return losses

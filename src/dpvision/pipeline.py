@@ -226,6 +226,9 @@ def atomic_open(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
     if not folder.is_dir():
         raise DPVisionError(f"cannot write {path}: folder {folder} does not exist")
     handle, temporary = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(temporary, 0o666 & ~umask)  # mkstemp makes 0600; give the usual permissions
     try:
         with os.fdopen(handle, mode) as out:
             yield out

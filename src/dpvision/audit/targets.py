@@ -110,10 +110,8 @@ class AuditTarget(abc.ABC):
     def __init__(self, config: TrainConfig, data: AuditData) -> None:
         self.config, self.data = config, data
 
-    @property
-    @abc.abstractmethod
-    def claim(self) -> PrivacyClaim:
-        """The privacy guarantee each run claims at the config's δ."""
+    claim: PrivacyClaim
+    """The privacy guarantee each run claims at the config's δ (set by the subclass)."""
 
     @abc.abstractmethod
     def canary_losses(
@@ -165,13 +163,9 @@ class LearnerTarget(AuditTarget):
             epsilon=None if sigma is not None else math.inf,
             noise_multiplier=sigma,
         )
-        self._claim = PrivacyClaim.from_ledger(
+        self.claim = PrivacyClaim.from_ledger(
             learner.privacy_ledger_, config.delta, config.accountant
         )
-
-    @property
-    def claim(self) -> PrivacyClaim:
-        return self._claim
 
     def canary_losses(
         self, with_canary: bool, runs: int, seed: int, progress: Progress | None = None
@@ -276,12 +270,8 @@ class DPSGDTarget(AuditTarget):
             )
         else:
             ledger.record_non_private(released="DP-SGD clipped gradient sum", count=self.steps)
-        self._claim = PrivacyClaim.from_ledger(ledger, config.delta, config.accountant)
+        self.claim = PrivacyClaim.from_ledger(ledger, config.delta, config.accountant)
         self.last_ledger: PrivacyLedger | None = None
-
-    @property
-    def claim(self) -> PrivacyClaim:
-        return self._claim
 
     def canary_losses(
         self, with_canary: bool, runs: int, seed: int, progress: Progress | None = None
@@ -298,7 +288,7 @@ class DPSGDTarget(AuditTarget):
                 augment_seed=int(seeds[2]) % 2**63,
             )
             assert self.last_ledger is not None
-            if self.last_ledger.to_dict()["entries"] != self._claim.ledger:
+            if self.last_ledger.to_dict()["entries"] != self.claim.ledger:
                 raise DPVisionError("the audited runs recorded other releases than claimed")
             with torch.no_grad():
                 out.append(vmap(self._loss)(params).numpy())

@@ -116,9 +116,14 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--data-dir", metavar="DIR", help="folder with the dataset's files")
     parser.add_argument(
-        "--method", help="dp-ls, dp-newton, dp-fc, dp-sgd-linear (features) or dp-sgd (deep models)"
+        "--method",
+        help="dp-ls, dp-newton, dp-fc, dp-sgd-linear (features), dp-sgd (deep models) or "
+        "dp-randp (Phases II and III from a synthetic-data encoder)",
     )
-    parser.add_argument("--features", help="pixels or scatternet (e.g. scatternet:pool=2)")
+    parser.add_argument(
+        "--features",
+        help="pixels, scatternet or encoder:path=FILE (e.g. scatternet:pool=2)",
+    )
     parser.add_argument(
         "--epsilon",
         type=_positive_float,
@@ -206,12 +211,135 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--checkpoint",
         metavar="FILE",
-        help="dp-sgd: resume from FILE if it exists; write it every learner.checkpoint_every "
+        help="dp-sgd, dp-randp: resume from FILE if it exists; write it every "
+        "learner.checkpoint_every "
         "steps and at the end",
     )
     train.add_argument("--quiet", action="store_true", help="no progress messages")
     _add_audit_parser(commands)
+    _add_pretrain_parser(commands)
+    _add_synth_parser(commands)
     return parser
+
+
+def _add_pretrain_parser(commands: Any) -> None:
+    pretrain = commands.add_parser(
+        "pretrain",
+        help="DP-RandP Phase I: pre-train an encoder on synthetic images (no private data)",
+        description="Contrastive pre-training (alignment + uniformity, Wang & Isola) of a "
+        "model's body on images from a random process; writes an encoder file for "
+        "`dpvision train --method dp-randp --set learner.encoder=FILE` or "
+        "`--features encoder:path=FILE`. Uses no private data and costs no privacy.",
+    )
+    pretrain.add_argument("--out", required=True, metavar="FILE", help="the encoder file")
+    pretrain.add_argument("--config", metavar="FILE.toml", help="a TOML file of options")
+    pretrain.add_argument("--model", help="tanh-cnn, wrn-DEPTH-WIDTH, … (default tanh-cnn)")
+    pretrain.add_argument(
+        "--synthetic", metavar="KIND", help="the generator (see `dpvision synth --help`)"
+    )
+    pretrain.add_argument("--size", type=_whole_number, help="image side (default 28)")
+    pretrain.add_argument("--channels", type=_whole_number, help="1 or 3 (default 1)")
+    pretrain.add_argument("--steps", type=_whole_number, help="optimisation steps")
+    pretrain.add_argument("--batch-size", type=_whole_number, help="images per step")
+    pretrain.add_argument(
+        "--num-images", type=_whole_number, help="images generated once (0: fresh each step)"
+    )
+    pretrain.add_argument("--seed", type=_whole_number, help="random seed")
+    pretrain.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other option, e.g. --set learning_rate=0.06",
+    )
+    pretrain.add_argument(
+        "--checkpoint", metavar="FILE", help="resume from FILE if it exists; write it as it runs"
+    )
+    pretrain.add_argument("--json", metavar="FILE", help="write a summary JSON here")
+    pretrain.add_argument("--quiet", action="store_true", help="no progress messages")
+
+
+def _run_pretrain(args: argparse.Namespace) -> None:
+    from dpvision.config import load_toml, parse_override
+    from dpvision.pipeline import write_json_atomic
+    from dpvision.training.pretrain import PretrainOptions, pretrain
+
+    raw: dict[str, Any] = {}
+    if args.config:
+        table = load_toml(args.config)
+        raw.update(table.get("pretrain", table))
+    flags = {
+        "model": args.model,
+        "synthetic": args.synthetic,
+        "size": args.size,
+        "channels": args.channels,
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "num_images": args.num_images,
+        "seed": args.seed,
+    }
+    raw.update({k: v for k, v in flags.items() if v is not None})
+    for item in args.set:
+        path, value = parse_override(item)
+        raw[".".join(path)] = value
+    options = PretrainOptions.from_dict(raw)
+    result = pretrain(options, args.out, checkpoint=args.checkpoint, quiet=args.quiet)
+    if args.json:
+        write_json_atomic(args.json, result)
+    print(
+        f"encoder {options.model} pre-trained on {options.synthetic} "
+        f"({options.channels}×{options.size}×{options.size}) for {options.steps} steps: final "
+        f"loss {result['final_loss']:.4f}, wall time {result['wall_seconds']:.1f} s\n"
+        f"written to {args.out} (no private data used: ε = 0)"
+    )
+
+
+# The generators of dpvision.data.synthetic (kept here so `dpvision --help` needs no torch).
+SYNTHETIC_KINDS = (
+    "dead-leaves-squares",
+    "dead-leaves-oriented",
+    "dead-leaves-mixed",
+    "oriented-filters",
+    "spectral",
+)
+
+
+def _add_synth_parser(commands: Any) -> None:
+    synth = commands.add_parser(
+        "synth",
+        help="images from random processes: write a preview grid PNG",
+        description="Generates images from one of the random processes of DP-RandP's Phase I "
+        f"({', '.join(SYNTHETIC_KINDS)}) and writes them as one grid PNG to look at.",
+    )
+    synth.add_argument("--kind", required=True, help=", ".join(SYNTHETIC_KINDS))
+    synth.add_argument("--n", type=_whole_number, default=64, help="images (default 64)")
+    synth.add_argument("--out", required=True, metavar="FILE.png", help="the PNG to write")
+    synth.add_argument("--size", type=_whole_number, default=32, help="image side (default 32)")
+    synth.add_argument("--channels", type=_whole_number, default=3, help="1 or 3 (default 3)")
+    synth.add_argument("--seed", type=_whole_number, default=0, help="random seed")
+    synth.add_argument("--columns", type=_whole_number, default=8, help="grid columns")
+
+
+def _run_synth(args: argparse.Namespace) -> None:
+    import time
+
+    from dpvision.data.synthetic import write_preview
+
+    start = time.perf_counter()
+    path = write_preview(
+        args.kind,
+        args.out,
+        n=args.n,
+        size=args.size,
+        channels=args.channels,
+        seed=args.seed,
+        columns=args.columns,
+    )
+    seconds = time.perf_counter() - start
+    print(
+        f"{args.n} {args.kind} images ({args.channels}×{args.size}×{args.size}) in "
+        f"{seconds:.2f} s: {path}"
+    )
 
 
 def _run_train(args: argparse.Namespace) -> None:
@@ -562,6 +690,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             _run_train(args)
         elif args.command == "audit":
             _run_audit(args)
+        elif args.command == "pretrain":
+            _run_pretrain(args)
+        elif args.command == "synth":
+            _run_synth(args)
     except DPVisionError as error:
         print(f"dpvision: error: {error}", file=sys.stderr)
         return EXIT_USAGE

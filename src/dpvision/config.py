@@ -33,7 +33,9 @@ from typing import Any
 
 from dpvision.errors import DPVisionError
 
-METHODS = ("dp-ls", "dp-newton", "dp-fc", "dp-sgd-linear", "dp-sgd")
+METHODS = ("dp-ls", "dp-newton", "dp-fc", "dp-sgd-linear", "dp-sgd", "dp-randp")
+# Phase I options that ``dp-randp`` takes from the run itself rather than from [pretrain].
+_PRETRAIN_FROM_RUN = ("model", "groups", "size", "channels")
 PREPROCESSING = ("none", "group-norm", "private-norm", "center")
 
 
@@ -67,8 +69,9 @@ class TrainConfig:
     Attributes:
       dataset: a dataset name (``digits``, ``fashion-mnist``, …, ``npz:PATH``).
       data_dir: where its files are (``None``: the standard lookup order).
-      method: ``dp-ls``, ``dp-newton``, ``dp-fc``, ``dp-sgd-linear`` (on features) or
-        ``dp-sgd`` (deep models, see :class:`dpvision.training.options.DPSGDOptions`).
+      method: ``dp-ls``, ``dp-newton``, ``dp-fc``, ``dp-sgd-linear`` (on features),
+        ``dp-sgd`` (deep models, see :class:`dpvision.training.options.DPSGDOptions`) or
+        ``dp-randp`` (DP-SGD in Phases II and III from a Phase I encoder).
       features: a feature spec (``pixels``, ``scatternet``, ``scatternet:pool=2``, …).
       epsilon: the target ε of the whole run (``inf``: no noise); or give noise_multiplier.
       delta: the target δ.
@@ -77,6 +80,9 @@ class TrainConfig:
       seed: seeds the noise and any sampling.
       preprocessing: see :class:`PreprocessingConfig`.
       learner: keyword arguments of the learner's estimator (validated against it).
+      pretrain: ``dp-randp`` without ``learner.encoder``: Phase I options
+        (:class:`dpvision.training.pretrain.PretrainOptions`; the model, groups and image
+        shape come from the run).
     """
 
     dataset: str = "digits"
@@ -90,6 +96,7 @@ class TrainConfig:
     seed: int = 0
     preprocessing: PreprocessingConfig = field(default_factory=PreprocessingConfig)
     learner: dict[str, Any] = field(default_factory=dict)
+    pretrain: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -139,9 +146,9 @@ def _build(cls: type, raw: dict[str, Any], where: str) -> Any:
             if not isinstance(value, dict):
                 raise DPVisionError(f"{where}: [preprocessing] must be a table")
             values[key] = _build(PreprocessingConfig, value, f"{where} [preprocessing]")
-        elif key == "learner":
+        elif key in ("learner", "pretrain"):
             if not isinstance(value, dict):
-                raise DPVisionError(f"{where}: [learner] must be a table")
+                raise DPVisionError(f"{where}: [{key}] must be a table")
             values[key] = dict(value)
         else:
             values[key] = _coerce(key, value, where)
@@ -177,10 +184,36 @@ def validate(config: TrainConfig) -> TrainConfig:
         from dpvision.accounting import parse_accountant
 
         parse_accountant(config.accountant)
-    if config.method == "dp-sgd":
+    if config.pretrain and config.method != "dp-randp":
+        raise DPVisionError("a [pretrain] table is for --method dp-randp only")
+    if config.method in ("dp-sgd", "dp-randp"):
         from dpvision.training.options import DPSGDOptions
 
-        DPSGDOptions.from_dict(config.learner)
+        options = DPSGDOptions.from_dict(config.learner)
+        if config.method == "dp-sgd" and options.is_transfer:
+            raise DPVisionError(
+                "learner.encoder and learner.phase2_* belong to --method dp-randp (a warm "
+                "start from an encoder is dp-randp with learner.phase2_steps = 0)"
+            )
+        if config.method == "dp-randp":
+            if options.normalization != "none":
+                raise DPVisionError(
+                    "dp-randp normalises pixels with the encoder's (public) statistics; "
+                    "leave learner.normalization unset"
+                )
+            if options.encoder is not None and config.pretrain:
+                raise DPVisionError(
+                    "give learner.encoder (a Phase I encoder file) or a [pretrain] table, not both"
+                )
+            from dpvision.training.pretrain import PretrainOptions
+
+            taken = sorted(set(config.pretrain) & set(_PRETRAIN_FROM_RUN))
+            if taken:
+                raise DPVisionError(
+                    f"pretrain.{taken[0]} comes from the run (learner.model, learner.groups, "
+                    "the dataset's image shape); remove it from [pretrain]"
+                )
+            PretrainOptions.from_dict(config.pretrain)
         return config
     allowed = set(LEARNERS[config.method]().get_params()) - {
         "target_epsilon",

@@ -105,14 +105,17 @@ def run_training(
 ) -> dict[str, Any]:
     """Trains and evaluates one configuration; returns the result dict (DESIGN.md contract).
 
-    ``checkpoint`` (``dp-sgd`` only): a file to resume from when it exists and to write to.
+    ``checkpoint`` (``dp-sgd``, ``dp-randp``): a file to resume from when it exists and to
+    write to.
     """
-    if config.method == "dp-sgd":
+    if config.method in ("dp-sgd", "dp-randp"):
         from dpvision.training.trainer import run_dpsgd
 
         return run_dpsgd(config, quiet=quiet, checkpoint=checkpoint)
     if checkpoint is not None:
-        raise DPVisionError(f"--checkpoint is for --method dp-sgd, not {config.method}")
+        raise DPVisionError(
+            f"--checkpoint is for --method dp-sgd and dp-randp, not {config.method}"
+        )
     from dpvision.data import load_dataset
     from dpvision.features import load_or_extract, parse_feature_spec
 
@@ -266,6 +269,19 @@ def _ema_note(result: dict[str, Any]) -> str:
     )
 
 
+def _phases_note(result: dict[str, Any]) -> str:
+    if "phase2_steps" not in result:
+        return ""
+    share = result.get("phase2_epsilon_fraction")
+    budget = (
+        f" (ε₁ = {result['phase2_epsilon']:.4g}, ε₁/ε = {share:.3f})" if share is not None else ""
+    )
+    return (
+        f"phases: encoder {result['encoder']}; Phase II (head) {result['phase2_steps']} steps"
+        f"{budget}, Phase III (all) {result['phase3_steps']} steps\n"
+    )
+
+
 def summary(result: dict[str, Any]) -> str:
     """A few readable lines about a result."""
     sigma = result["noise_multiplier"]
@@ -288,5 +304,6 @@ def summary(result: dict[str, Any]) -> str:
         f"({result['num_features']} dims)\n"
         f"test accuracy {100 * result['test_accuracy']:.2f} %{_ema_note(result)}\n"
         f"privacy: {privacy}\n"
+        f"{_phases_note(result)}"
         f"wall time {result['wall_seconds']:.1f} s"
     )

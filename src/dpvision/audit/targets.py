@@ -394,6 +394,11 @@ class DPSGDTarget(AuditTarget):
 
 def make_target(config: TrainConfig, data: AuditData) -> AuditTarget:
     """The audit target for ``config.method``."""
+    if config.method == "dp-randp":
+        raise DPVisionError(
+            "dpvision audit does not train dp-randp runs; audit its DP-SGD engine with "
+            "--method dp-sgd (Phases II and III are the same noisy steps)"
+        )
     if config.method == "dp-sgd":
         return DPSGDTarget(config, data)
     return LearnerTarget(config, data)

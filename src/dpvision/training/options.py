@@ -49,6 +49,14 @@ class DPSGDOptions:
       eval_every: evaluate on the test set every this many steps (0: only at the end).
       checkpoint_every: write the checkpoint every this many steps (with ``--checkpoint``).
       eval_batch_size: examples per evaluation batch.
+      encoder: ``--method dp-randp`` only: the Phase I encoder file (``dpvision pretrain``);
+        unset, Phase I runs first with the ``[pretrain]`` options (cached by them).
+      phase2_steps: ``dp-randp``: N₁, the first steps, which train only the head (Phase
+        II); the remaining steps train all parameters (Phase III). Unset: 96 (Tang et al.)
+        unless ``phase2_fraction`` is given. 0: Phase III only (a warm start).
+      phase2_fraction: ``dp-randp``: instead of N₁, the share ε₁/ε of the budget for Phase
+        II; N₁ is the most steps whose ε stays within it (1: linear probing only).
+      phase2_learning_rate: ``dp-randp``: the Phase II learning rate (unset: learning_rate).
     """
 
     model: str = "tanh-cnn"
@@ -74,6 +82,10 @@ class DPSGDOptions:
     eval_every: int = 0
     checkpoint_every: int = 100
     eval_batch_size: int = 1024
+    encoder: str | None = None
+    phase2_steps: int | None = None
+    phase2_fraction: float | None = None
+    phase2_learning_rate: float | None = None
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "DPSGDOptions":
@@ -119,6 +131,18 @@ class DPSGDOptions:
         for name in ("eval_every", "checkpoint_every"):
             if getattr(self, name) < 0:
                 raise DPVisionError(f"learner.{name} must be >= 0, got {getattr(self, name)}")
+        if self.phase2_steps is not None and self.phase2_steps < 0:
+            raise DPVisionError(f"learner.phase2_steps must be >= 0, got {self.phase2_steps}")
+        if self.phase2_fraction is not None and not 0 <= self.phase2_fraction <= 1:
+            raise DPVisionError(
+                f"learner.phase2_fraction must be in [0, 1], got {self.phase2_fraction}"
+            )
+        if self.phase2_steps is not None and self.phase2_fraction is not None:
+            raise DPVisionError("give only one of learner.phase2_steps and learner.phase2_fraction")
+        if self.phase2_learning_rate is not None and not self.phase2_learning_rate > 0:
+            raise DPVisionError(
+                f"learner.phase2_learning_rate must be > 0, got {self.phase2_learning_rate}"
+            )
         if not 0 <= self.ema_decay < 1:
             raise DPVisionError(f"learner.ema_decay must be in [0, 1), got {self.ema_decay}")
         choices = {
@@ -134,6 +158,19 @@ class DPSGDOptions:
                     f"{', '.join(allowed)}"
                 )
         return self
+
+    @property
+    def is_transfer(self) -> bool:
+        """Whether any DP-RandP option (encoder, Phase II) is set."""
+        return any(
+            value is not None
+            for value in (
+                self.encoder,
+                self.phase2_steps,
+                self.phase2_fraction,
+                self.phase2_learning_rate,
+            )
+        )
 
 
 def parse_model(name: str) -> tuple[str, dict[str, int]]:

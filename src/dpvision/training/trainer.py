@@ -106,9 +106,19 @@ def run_dpsgd(
     sigma = noise_multiplier_for(config, sample_rate, steps, ledger)
     _check_memory(options, data.train_x.shape[1:])
 
+    plan: _TransferPlan | None = None
+    if config.method == "dp-randp":
+        plan = _transfer_plan(config, options, data, sigma, sample_rate, steps, quiet)
+        options = dataclasses.replace(options, groups=plan.info.groups)
     torch.manual_seed(seeds["init"])
     model = build_model(options, tuple(data.train_x.shape[1:]), data.num_classes)
-    optimizer = make_optimizer(options, model)
+    if plan is not None:
+        from dpvision.training.encoder import load_into
+
+        plan.head, _ = load_into(
+            model, plan.encoder, model_name=options.model, input_shape=plan.info.input_shape
+        )
+    optimizer = _phase_optimizer(options, model, plan, 0)
     sampler = _sampler(num_train, sample_rate, steps, seeds["sampler"])
     noise_generator = torch.Generator().manual_seed(seeds["noise"])
     augment_generator = torch.Generator().manual_seed(seeds["augment"])
@@ -139,6 +149,12 @@ def run_dpsgd(
         "step_fn": step_fn,
         "history": history,
     }
+
+    def enter_phase(step: int) -> None:
+        state["optimizer"] = step_fn.optimizer = _phase_optimizer(options, model, plan, step)
+
+    if plan is not None:
+        state["enter_phase"] = enter_phase
     if checkpoint is not None and Path(checkpoint).exists():
         ledger = _resume(Path(checkpoint), config, fingerprint, state)
         step_fn.ledger = ledger
@@ -160,6 +176,11 @@ def run_dpsgd(
         if ema is not None:
             ema.update(model)
         done = sampler.step
+        if plan is not None and done == plan.phase2_steps:
+            enter_phase(done)
+            if done < steps:
+                history.append({"step": done, "phase": 2, **_evaluate(model, ema, data, options)})
+                _say(f"Phase II done at step {done}: {history[-1]}; Phase III trains all", quiet)
         if options.eval_every and done % options.eval_every == 0 and done < steps:
             history.append({"step": done, **_evaluate(model, ema, data, options)})
             _say(f"step {done}/{steps}: {history[-1]}", quiet)
@@ -174,6 +195,7 @@ def run_dpsgd(
     history.append({"step": sampler.step, **final})
     accountant = config.accountant or default_accountant(ledger.dp_event()).value
     epsilon = ledger.epsilon(config.delta, config.accountant) if ledger.is_private else math.inf
+    transfer = {} if plan is None else plan.summary(epsilon)
     return {
         "dataset": data.name,
         "method": config.method,
@@ -197,6 +219,7 @@ def run_dpsgd(
         "wall_seconds": time.perf_counter() - start,
         "epsilon_zcdp": None,
         "history": history,
+        **transfer,
         "privacy_ledger": ledger.to_dict()["entries"],
         "config": config.to_dict(),
     }
@@ -334,6 +357,193 @@ def make_optimizer(options: DPSGDOptions, model: torch.nn.Module) -> torch.optim
         nesterov=options.nesterov,
         weight_decay=options.weight_decay,
     )
+
+
+# --- DP-RandP: Phases II and III --------------------------------------------------------
+
+DEFAULT_PHASE2_STEPS = 96  # Tang et al.: 8 epochs of 12 steps on CIFAR-10 (App. E)
+
+
+@dataclasses.dataclass
+class _TransferPlan:
+    """Where a dp-randp run starts from and where Phase II ends."""
+
+    encoder: Path
+    info: Any
+    phase2_steps: int
+    steps: int
+    phase2_epsilon: float | None
+    delta: float
+    pretrain: dict[str, Any] | None
+    head: list[str] = dataclasses.field(default_factory=list)
+
+    def summary(self, epsilon: float) -> dict[str, Any]:
+        fraction = None
+        if self.phase2_epsilon is not None and math.isfinite(epsilon) and epsilon > 0:
+            fraction = self.phase2_epsilon / epsilon
+        return {
+            "encoder": str(self.encoder),
+            "encoder_trained_on": self.info.metadata.get("trained_on"),
+            "phase2_steps": self.phase2_steps,
+            "phase3_steps": self.steps - self.phase2_steps,
+            "phase2_epsilon": self.phase2_epsilon,
+            "phase2_epsilon_fraction": fraction,
+            "phase2_parameters": list(self.head),
+            "pretrain": self.pretrain,
+        }
+
+
+def _phase_optimizer(
+    options: DPSGDOptions, model: torch.nn.Module, plan: _TransferPlan | None, step: int
+) -> torch.optim.Optimizer:
+    """A fresh optimizer for the phase that ``step`` falls in.
+
+    Phase II (steps before N₁) trains the head only: the other parameters are frozen, so
+    the clipped sums, the noise and the updates cover the head's parameters alone. Phase III
+    trains every parameter, with a new optimizer, as in TAN/DP-RandP's second
+    ``make_private``.
+    """
+    phase2 = plan is not None and step < plan.phase2_steps
+    for name, param in model.named_parameters():
+        param.requires_grad_(not phase2 or (plan is not None and name in plan.head))
+    rate = options.learning_rate
+    if phase2 and options.phase2_learning_rate is not None:
+        rate = options.phase2_learning_rate
+    return make_optimizer(dataclasses.replace(options, learning_rate=rate), model)
+
+
+def _transfer_plan(
+    config: TrainConfig,
+    options: DPSGDOptions,
+    data: "_Data",
+    sigma: float,
+    sample_rate: float,
+    steps: int,
+    quiet: bool,
+) -> _TransferPlan:
+    """Finds (or makes, with Phase I) the encoder, normalises the images with its public
+    statistics, and splits the steps into Phase II and Phase III."""
+    from dpvision.training.encoder import read_encoder
+
+    if config.features != "pixels":
+        raise DPVisionError(
+            "dp-randp trains the whole network on pixels (features = 'pixels'); to probe an "
+            "encoder's features with a feature learner use --features encoder:path=FILE"
+        )
+    shape = tuple(int(v) for v in data.train_x.shape[1:])
+    pretrain_summary = None
+    if options.encoder is not None:
+        encoder = Path(options.encoder)
+    else:
+        encoder, pretrain_summary = _phase_one(config, options, shape, quiet)
+    info, _ = read_encoder(encoder)
+    if tuple(info.input_shape) != shape:
+        raise DPVisionError(
+            f"encoder {encoder} takes images of shape {tuple(info.input_shape)}, "
+            f"{data.name}'s are {shape}: pre-train with --size {shape[-1]} --channels {shape[0]}"
+        )
+    data.train_x = info.normalize(data.train_x)
+    data.test_x = info.normalize(data.test_x)
+    phase2 = phase2_steps_for(config, options, sigma, sample_rate, steps, data.ledger)
+    phase2_epsilon = None
+    if sigma > 0:
+        ledger = PrivacyLedger(data.ledger.entries)
+        if phase2:
+            ledger.record(
+                noise_multiplier=sigma,
+                sample_rate=sample_rate,
+                count=phase2,
+                released="DP-SGD clipped gradient sum",
+            )
+        phase2_epsilon = ledger.epsilon(config.delta, config.accountant) if len(ledger) else 0.0
+    return _TransferPlan(
+        encoder, info, phase2, steps, phase2_epsilon, config.delta, pretrain_summary
+    )
+
+
+def phase2_steps_for(
+    config: TrainConfig,
+    options: DPSGDOptions,
+    sigma: float,
+    sample_rate: float,
+    steps: int,
+    prior: PrivacyLedger,
+) -> int:
+    """N₁: ``learner.phase2_steps``, else the most steps whose ε is at most
+    ``phase2_fraction`` of the whole run's, else 96 (at most ``steps``).
+
+    The split is a choice of the public schedule, made from σ, q and the step counts only:
+    it looks at no data. Both phases add the same noise at the same rate, so the whole run
+    is one composition of ``steps`` Poisson-sampled Gaussian steps whatever N₁ is.
+    """
+    if options.phase2_steps is not None:
+        if options.phase2_steps > steps:
+            raise DPVisionError(
+                f"learner.phase2_steps = {options.phase2_steps} exceeds the run's {steps} steps"
+            )
+        return options.phase2_steps
+    if options.phase2_fraction is None:
+        return min(DEFAULT_PHASE2_STEPS, steps)
+    if options.phase2_fraction >= 1:
+        return steps
+    if sigma == 0:
+        raise DPVisionError(
+            "learner.phase2_fraction needs a private run (with the noise off, give "
+            "learner.phase2_steps)"
+        )
+
+    def epsilon(count: int) -> float:
+        ledger = PrivacyLedger(prior.entries)
+        if count:
+            ledger.record(
+                noise_multiplier=sigma,
+                sample_rate=sample_rate,
+                count=count,
+                released="DP-SGD clipped gradient sum",
+            )
+        return ledger.epsilon(config.delta, config.accountant) if len(ledger) else 0.0
+
+    budget = options.phase2_fraction * epsilon(steps)
+    low, high = 0, steps  # epsilon(low) <= budget < epsilon(high)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if epsilon(middle) <= budget:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def _phase_one(
+    config: TrainConfig, options: DPSGDOptions, shape: tuple[int, ...], quiet: bool
+) -> tuple[Path, dict[str, Any]]:
+    """Runs Phase I with the ``[pretrain]`` options, or reuses the encoder it made before
+    (cached in the ``encoders`` folder of the feature cache, keyed by the options)."""
+    from dpvision.features.cache import default_cache_dir
+    from dpvision.training.pretrain import PretrainOptions, pretrain
+
+    if len(shape) != 3 or shape[1] != shape[2]:
+        raise DPVisionError(f"Phase I makes square images; the dataset's are {shape}")
+    kind, _ = parse_model(options.model)
+    groups = options.groups if kind != "wrn" or 16 % max(options.groups, 1) == 0 else 16
+    pretrain_options = PretrainOptions.from_dict(
+        {
+            **config.pretrain,
+            "model": options.model,
+            "groups": groups,
+            "size": shape[1],
+            "channels": shape[0],
+        }
+    )
+    folder = default_cache_dir() / "encoders"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{options.model}-{pretrain_options.fingerprint()}.pt"
+    if path.exists():
+        _say(f"Phase I: reusing the encoder {path}", quiet)
+        return path, {"cached": True, "options": dataclasses.asdict(pretrain_options)}
+    summary = pretrain(pretrain_options, path, checkpoint=path.with_suffix(".ckpt"), quiet=quiet)
+    path.with_suffix(".ckpt").unlink(missing_ok=True)
+    return path, {"cached": False, **summary}
 
 
 def _sampler(num_train: int, sample_rate: float, steps: int, seed: int) -> Any:
@@ -512,10 +722,12 @@ def _resume(
             "--checkpoint path (the existing file is left untouched)"
         )
     state["model"].load_state_dict(payload["model"])
+    state["sampler"].load_state_dict(payload["sampler"])
+    if "enter_phase" in state:  # dp-randp: the optimizer of the phase the run stopped in
+        state["enter_phase"](state["sampler"].step)
     state["optimizer"].load_state_dict(payload["optimizer"])
     if state["ema"] is not None:
         state["ema"].load_state_dict(payload["ema"])
-    state["sampler"].load_state_dict(payload["sampler"])
     state["noise"].set_state(payload["noise"])
     state["augment"].set_state(payload["augment"])
     state["step_fn"].nonfinite = payload["nonfinite"]

@@ -1,4 +1,5 @@
-"""Data-independent image features: raw pixels and ScatterNet, with an on-disk cache.
+"""Data-independent image features: raw pixels, ScatterNet and the embeddings of a
+pre-trained encoder, with an on-disk cache.
 
 >>> import numpy as np
 >>> from dpvision.features import extract_features, parse_feature_spec
@@ -9,18 +10,23 @@
 (4, 196)
 
 A :class:`FeatureSpec` (text form ``name:key=value,...``, :func:`parse_feature_spec`) names an
-extractor (``pixels`` or ``scatternet``) and the reductions after it: spatial average pooling,
-flattening and a seeded Gaussian random projection. :func:`extract_features` runs it in
-batches; :func:`load_or_extract` returns a dataset's train and test features from the feature
-cache (``$DPVISION_CACHE``, else ``~/.cache/dpvision/features``), extracting them on a miss.
+extractor (``pixels``, ``scatternet`` or ``encoder``, the embeddings of a pre-trained encoder
+file: :mod:`dpvision.features.backbone`) and the reductions after it: spatial average
+pooling, flattening and a seeded Gaussian random projection. :func:`extract_features` runs it
+in batches; :func:`load_or_extract` returns a dataset's train and test features from the
+feature cache (``$DPVISION_CACHE``, else ``~/.cache/dpvision/features``), extracting them on
+a miss.
 
 Privacy: every extractor and reduction here is a fixed per-example function that uses no
-statistic of the data, so extraction costs no privacy budget. Data-dependent steps (feature
-clipping, private normalisation) live elsewhere and are accounted there.
+statistic of the data, so extraction costs no privacy budget (for ``encoder`` features, as
+long as the encoder was trained without the private data, e.g. on synthetic images).
+Data-dependent steps (feature clipping, private normalisation) live elsewhere and are
+accounted there.
 
 Importing this package does not import torch or kymatio; extraction does.
 """
 
+from dpvision.features.backbone import block_names, encoder_digest, encoder_features
 from dpvision.features.cache import (
     ENV_CACHE,
     cache_key,
@@ -53,9 +59,12 @@ __all__ = [
     "FeatureSpec",
     "Progress",
     "average_pool",
+    "block_names",
     "cache_key",
     "dataset_fingerprint",
     "default_cache_dir",
+    "encoder_digest",
+    "encoder_features",
     "extract_features",
     "extract_into",
     "feature_shape",

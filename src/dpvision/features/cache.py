@@ -8,8 +8,10 @@ An entry holds the train and test features of one dataset under one
     <dataset>-<extractor>-<digest>.json         the key and the array shapes (written last)
 
 The digest is the SHA-256 of the key: the dataset's name, a fingerprint of its images (the
-SHA-256 of their shapes and bytes), every field of the spec, :data:`FEATURE_VERSION` and,
-for ScatterNet, the kymatio version. Any change to one of them is a different entry.
+SHA-256 of their shapes and bytes), every field of the spec, :data:`FEATURE_VERSION`, for
+ScatterNet the kymatio version and, for ``encoder`` features, the SHA-256 of the encoder
+file's bytes (a re-trained encoder is a new entry). Any change to one of them is a different
+entry.
 
 Every file is written to a temporary file in the same folder, flushed, ``fsync``-ed and
 renamed into place with ``os.replace``; the JSON, which marks the entry complete, is renamed
@@ -43,8 +45,9 @@ import numpy as np
 
 from dpvision.data.core import ImageDataset
 from dpvision.features import extractors
+from dpvision.features.backbone import encoder_digest
 from dpvision.features.extractors import FEATURE_VERSION, feature_shape
-from dpvision.features.spec import FeatureSpec
+from dpvision.features.spec import ENCODER_ONLY, FeatureSpec
 
 __all__ = [
     "ENV_CACHE",
@@ -103,16 +106,26 @@ def cache_key(dataset: ImageDataset, spec: FeatureSpec) -> dict[str, Any]:
         spec: What is extracted.
 
     Returns:
-        A dict with the dataset name and fingerprint, the spec's fields, the feature version
-        and (for ScatterNet) the kymatio version.
+        A dict with the dataset name and fingerprint, the spec's fields, the feature version,
+        (for ScatterNet) the kymatio version and (for ``encoder``) the encoder file's SHA-256.
+
+    Raises:
+        DPVisionError: An ``encoder`` spec's file does not exist.
     """
-    return {
+    fields = spec.to_dict()
+    if spec.name != "encoder":  # the keys of pixels and ScatterNet entries stay as they were
+        for name in ENCODER_ONLY:
+            del fields[name]
+    key = {
         "feature_version": FEATURE_VERSION,
         "dataset": dataset.name,
         "fingerprint": dataset_fingerprint(dataset),
-        "spec": spec.to_dict(),
+        "spec": fields,
         "kymatio": _kymatio_version() if spec.name == "scatternet" else None,
     }
+    if spec.name == "encoder":
+        key["encoder_sha256"] = encoder_digest(str(spec.path))
+    return key
 
 
 def load_or_extract(

@@ -25,6 +25,7 @@ import numpy as np
 
 from dpvision.data.core import images_to_float
 from dpvision.errors import DPVisionError
+from dpvision.features.backbone import rescale_to_norm
 from dpvision.features.progress import Progress
 from dpvision.features.reductions import average_pool, pooled_size, projection_matrix
 from dpvision.features.scatternet import scatter
@@ -46,6 +47,9 @@ DEFAULT_BATCH_SIZE = 1024
 def feature_shape(image_shape: tuple[int, ...], spec: FeatureSpec) -> tuple[int, ...]:
     """Shape of the features of one image: ``(D,)`` if ``spec.flatten``, else ``(K, h, w)``.
 
+    ``encoder`` features are vectors: their maps are ``(D, 1, 1)`` (found with a forward
+    pass of one all-zero image through the encoder).
+
     Args:
         image_shape: ``(H, W, C)`` of one image.
         spec: What to extract.
@@ -59,6 +63,10 @@ def feature_shape(image_shape: tuple[int, ...], spec: FeatureSpec) -> tuple[int,
     height, width, channels = (int(size) for size in image_shape)
     if spec.name == "pixels":
         maps = (channels, height, width)
+    elif spec.name == "encoder":
+        from dpvision.features.backbone import encoder_dim
+
+        maps = (encoder_dim((height, width, channels), spec), 1, 1)
     else:
         import torch
 
@@ -100,7 +108,9 @@ def extract_features(
     Privacy:
         Each example's features are a fixed function of that example alone (and of public
         constants and the public projection seed). No statistic of the dataset is computed,
-        so extraction releases nothing and costs no privacy budget.
+        so extraction releases nothing and costs no privacy budget. For ``encoder`` features
+        this holds when the encoder was trained without the private data (see
+        :mod:`dpvision.features.backbone`).
     """
     _check_images(images)
     out = np.empty((len(images), *feature_shape(images.shape[1:], spec)), dtype=np.float32)
@@ -160,6 +170,11 @@ def _extract(
             f"out must be a float32 array of shape {expected}, got {out.dtype} {out.shape}"
         )
     target = torch.device(device or "cpu")
+    encoder = None
+    if spec.name == "encoder":
+        from dpvision.features.backbone import EncoderFeatures
+
+        encoder = EncoderFeatures(spec, device=target)
     projection: torch.Tensor | None = None
     if spec.projection_dim is not None:
         flat = feature_shape(images.shape[1:], dataclasses.replace(spec, projection_dim=None))
@@ -170,12 +185,17 @@ def _extract(
         for start in range(0, count, batch_size):
             stop = min(start + batch_size, count)
             batch = torch.from_numpy(images_to_float(images[start:stop])).to(target)
-            features = average_pool(_feature_maps(batch, spec), spec.pool)
-            if spec.flatten:
-                features = features.reshape(stop - start, -1)
+            if encoder is not None:
+                features = encoder(batch)
+            else:
+                features = average_pool(_feature_maps(batch, spec), spec.pool)
+                if spec.flatten:
+                    features = features.reshape(stop - start, -1)
             if projection is not None:
                 features = features @ projection
-            out[start:stop] = features.cpu().numpy()
+            if spec.norm is not None:
+                features = rescale_to_norm(features, spec.norm)
+            out[start:stop] = features.reshape(stop - start, *out.shape[1:]).cpu().numpy()
             bar.update(stop - start)
 
 

@@ -9,11 +9,15 @@ it. Its fields are the whole description of the features, so they also form the 
 ('scatternet', 2, True, (2, 8, 2))
 >>> format_feature_spec(parse_feature_spec("pixels:projection_dim=256,projection_seed=1"))
 'pixels:projection_dim=256,projection_seed=1'
+>>> spec = parse_feature_spec("encoder:path=/tmp/enc.pt,layers=blocks,grid=2,norm=50")
+>>> spec.path, spec.layers, spec.grid, spec.norm
+('/tmp/enc.pt', 'blocks', 2, 50.0)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,10 +25,12 @@ from dpvision.errors import DPVisionError
 
 __all__ = ["FEATURE_NAMES", "FeatureSpec", "format_feature_spec", "parse_feature_spec"]
 
-FEATURE_NAMES: tuple[str, ...] = ("pixels", "scatternet")
+FEATURE_NAMES: tuple[str, ...] = ("pixels", "scatternet", "encoder")
 """The extractors that :class:`FeatureSpec` can name."""
 
 _SCATTERNET_ONLY = ("scales", "angles", "max_order")
+ENCODER_ONLY = ("path", "layers", "grid", "norm")
+"""The fields that apply to ``encoder`` features only (see :mod:`dpvision.features.backbone`)."""
 
 
 @dataclass(frozen=True)
@@ -39,10 +45,18 @@ class FeatureSpec:
         Every stage is a fixed function of one image (and, for the projection, of the public
         ``projection_seed``); none looks at any statistic of the dataset. Extracting features
         therefore releases nothing and costs no privacy budget; the features are exactly as
-        private as the images they come from.
+        private as the images they come from. For ``encoder`` this needs an encoder trained
+        without the private data (on synthetic or public images, as its file's metadata
+        records); an encoder fitted on the private data is a release of its own.
+
+    For ``encoder`` (a pre-trained body, :mod:`dpvision.features.backbone`) the extractor
+    returns vectors, laid out as ``(D, 1, 1)`` maps (every feature is a channel); ``pool``
+    does not apply (``grid`` pools each layer's maps instead) and ``norm`` rescales the final
+    vector (after any projection).
 
     Attributes:
-        name: ``"pixels"`` (``[0, 1]`` pixels) or ``"scatternet"`` (2-D scattering transform).
+        name: ``"pixels"`` (``[0, 1]`` pixels), ``"scatternet"`` (2-D scattering transform)
+            or ``"encoder"`` (the embeddings of a pre-trained encoder file).
         pool: Window (and stride) of the spatial average pooling; 1 means no pooling. Windows
             that overhang the border average the positions they cover.
         projection_dim: If set, project the flattened features to this many dimensions with
@@ -52,6 +66,11 @@ class FeatureSpec:
         scales: ScatterNet only: number of scales ``J``; the maps are ``H / 2**J`` wide.
         angles: ScatterNet only: number of orientations ``L``.
         max_order: ScatterNet only: scattering order, 1 or 2.
+        path: Encoder only (required): the encoder file (``dpvision pretrain``); no commas.
+        layers: Encoder only: ``"embedding"`` (the input of the head), ``"blocks"`` (every
+            block of the body, DP-RandP App. G) or module names joined by ``+``.
+        grid: Encoder only: each layer's 4-d output is average-pooled to ``grid × grid``.
+        norm: Encoder only: rescale each example's vector to this L2 norm (``None``: keep).
     """
 
     name: str
@@ -62,6 +81,10 @@ class FeatureSpec:
     scales: int = 2
     angles: int = 8
     max_order: int = 2
+    path: str | None = None
+    layers: str = "embedding"
+    grid: int = 1
+    norm: float | None = None
 
     def __post_init__(self) -> None:
         """Validates the fields.
@@ -95,6 +118,48 @@ class FeatureSpec:
                         f"{key} applies to scatternet features only; remove it from the "
                         f"{self.name} spec"
                     )
+        self._check_encoder_fields()
+
+    def _check_encoder_fields(self) -> None:
+        """Validates ``path``, ``layers``, ``grid`` and ``norm`` (one-line errors)."""
+        if self.name != "encoder":
+            defaults = _defaults()
+            for key in ENCODER_ONLY:
+                if getattr(self, key) != defaults[key]:
+                    raise DPVisionError(
+                        f"{key} applies to encoder features only; remove it from the "
+                        f"{self.name} spec"
+                    )
+            return
+        if not isinstance(self.path, str) or not self.path.strip():
+            raise DPVisionError(
+                "encoder features need an encoder file: write encoder:path=ENCODER.pt "
+                "(make one with `dpvision pretrain`)"
+            )
+        if not isinstance(self.layers, str) or not self.layers.strip():
+            raise DPVisionError(
+                f"layers must be embedding, blocks or module names joined by '+', "
+                f"got {self.layers!r}"
+            )
+        names = self.layers.split("+")
+        if any(not name.strip() or name != name.strip() for name in names):
+            raise DPVisionError(f"layers {self.layers!r} has an empty or padded name")
+        if len(set(names)) != len(names):
+            raise DPVisionError(f"layers {self.layers!r} names a layer twice; keep one")
+        if "blocks" in names and len(names) > 1:
+            raise DPVisionError("layers=blocks takes every block already; give it alone")
+        _check_int("grid", self.grid, minimum=1)
+        if self.norm is not None:
+            if isinstance(self.norm, bool) or not isinstance(self.norm, int | float):
+                raise DPVisionError(f"norm must be a number, got {self.norm!r}")
+            if not (math.isfinite(self.norm) and self.norm > 0):
+                raise DPVisionError(f"norm must be a positive finite number, got {self.norm}")
+            object.__setattr__(self, "norm", float(self.norm))
+        if self.pool != 1:
+            raise DPVisionError(
+                "pool does not apply to encoder features; use grid=G (each layer's maps are "
+                "averaged to G × G)"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """All fields as a JSON-compatible dict (the form stored in cache metadata)."""
@@ -110,8 +175,18 @@ def _check_int(key: str, value: object, *, minimum: int, maximum: int | None = N
         raise DPVisionError(f"{key} must be {allowed}, got {value}")
 
 
+def _defaults() -> dict[str, Any]:
+    """The default value of every field of :class:`FeatureSpec` but ``name``."""
+    return {
+        field.name: field.default
+        for field in dataclasses.fields(FeatureSpec)
+        if field.default is not dataclasses.MISSING
+    }
+
+
 def _field_types() -> dict[str, str]:
-    """Maps each settable field of :class:`FeatureSpec` to ``"int"``, ``"int?"`` or ``"bool"``."""
+    """Maps each settable field of :class:`FeatureSpec` to its kind: ``"int"``, ``"int?"``,
+    ``"bool"``, ``"str"``, ``"str?"`` or ``"float?"``."""
     return {
         "pool": "int",
         "projection_dim": "int?",
@@ -120,11 +195,17 @@ def _field_types() -> dict[str, str]:
         "scales": "int",
         "angles": "int",
         "max_order": "int",
+        "path": "str?",
+        "layers": "str",
+        "grid": "int",
+        "norm": "float?",
     }
 
 
-def _parse_value(key: str, kind: str, text: str) -> int | bool | None:
+def _parse_value(key: str, kind: str, text: str) -> int | float | bool | str | None:
     """Parses ``text`` as the value of field ``key`` of type ``kind``."""
+    if kind.startswith("str"):
+        return text.strip()
     lowered = text.strip().lower()
     if kind == "bool":
         if lowered in ("true", "1", "yes"):
@@ -132,8 +213,13 @@ def _parse_value(key: str, kind: str, text: str) -> int | bool | None:
         if lowered in ("false", "0", "no"):
             return False
         raise DPVisionError(f"{key} must be true or false, got {text!r}")
-    if kind == "int?" and lowered in ("none", ""):
+    if kind.endswith("?") and lowered in ("none", ""):
         return None
+    if kind == "float?":
+        try:
+            return float(lowered)
+        except ValueError:
+            raise DPVisionError(f"{key} must be a number, got {text!r}") from None
     try:
         return int(lowered)
     except ValueError:
@@ -144,7 +230,8 @@ def parse_feature_spec(text: str) -> FeatureSpec:
     """Parses ``"name"`` or ``"name:key=value,key=value"`` into a :class:`FeatureSpec`.
 
     Examples: ``"scatternet"``, ``"pixels"``, ``"scatternet:pool=2"``,
-    ``"pixels:projection_dim=256,projection_seed=1"``, ``"scatternet:flatten=false"``.
+    ``"pixels:projection_dim=256,projection_seed=1"``, ``"scatternet:flatten=false"``,
+    ``"encoder:path=/tmp/enc.pt,layers=blocks,grid=2,norm=50"``.
 
     Args:
         text: The spec, e.g. from ``--features``.
@@ -189,10 +276,15 @@ def format_feature_spec(spec: FeatureSpec) -> str:
     Returns:
         ``name`` followed by ``:key=value,...`` for each field that differs from its default.
     """
-    defaults = FeatureSpec(spec.name)
+    defaults = _defaults()
     changed = [
-        f"{key}={str(getattr(spec, key)).lower()}"
+        f"{key}={_format_value(getattr(spec, key))}"
         for key in _field_types()
-        if getattr(spec, key) != getattr(defaults, key)
+        if getattr(spec, key) != defaults[key]
     ]
     return spec.name + (":" + ",".join(changed) if changed else "")
+
+
+def _format_value(value: object) -> str:
+    """The text of a field value: booleans in lower case, everything else as ``str``."""
+    return str(value).lower() if isinstance(value, bool) else str(value)

@@ -80,7 +80,7 @@ class TrainConfig:
       seed: seeds the noise and any sampling.
       preprocessing: see :class:`PreprocessingConfig`.
       learner: keyword arguments of the learner's estimator (validated against it).
-      pretrain: ``dp-randp`` without ``learner.encoder``: Phase I options
+      pretrain: ``dp-randp``: Phase I options, used when ``learner.encoder`` is unset
         (:class:`dpvision.training.pretrain.PretrainOptions`; the model, groups and image
         shape come from the run).
     """
@@ -200,10 +200,6 @@ def validate(config: TrainConfig) -> TrainConfig:
                 raise DPVisionError(
                     "dp-randp normalises pixels with the encoder's (public) statistics; "
                     "leave learner.normalization unset"
-                )
-            if options.encoder is not None and config.pretrain:
-                raise DPVisionError(
-                    "give learner.encoder (a Phase I encoder file) or a [pretrain] table, not both"
                 )
             from dpvision.training.pretrain import PretrainOptions
 

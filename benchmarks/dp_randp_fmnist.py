@@ -296,7 +296,8 @@ def _phases(args: argparse.Namespace) -> None:
     folder = FOLDER / "phases"
     folder.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
-        jobs = [(s, e, seed) for e in args.epsilons for seed in args.seeds for s in PHASES]
+        setups = [s for s in PHASES if not args.only or _slug(s) in args.only]
+        jobs = [(s, e, seed) for e in args.epsilons for seed in args.seeds for s in setups]
         with ThreadPoolExecutor(max_workers=args.workers) as pool:
             list(pool.map(lambda job: _phase_run(*job, folder), jobs))
     runs = {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
@@ -381,6 +382,11 @@ def main() -> int:
     parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 3.0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--workers", type=int, default=1, help="phases: runs in parallel")
+    parser.add_argument(
+        "--only",
+        action="append",
+        help="phases: setups to run (three-phases, phase-3-only, end-to-end)",
+    )
     parser.add_argument("--report-only", action="store_true", help="summarise stored runs")
     args = parser.parse_args()
     if args.part == "probe":

@@ -293,11 +293,10 @@ def pretrain(
     )
     views = torch.Generator().manual_seed(seeds["views"])
     info = EncoderInfo(options.model, shape, options.groups, mean, std, {})
-    state: dict[str, Any] = {"step": 0, "losses": []}
-    fingerprint = options.fingerprint()
+    run = _Session(options.fingerprint(), body, projection, optimizer, views, images)
     if checkpoint is not None and Path(checkpoint).exists():
-        _resume(Path(checkpoint), fingerprint, body, projection, optimizer, views, images, state)
-        _say(f"resumed Phase I from {checkpoint} at step {state['step']}", quiet)
+        run.resume(Path(checkpoint))
+        _say(f"resumed Phase I from {checkpoint} at step {run.step}", quiet)
     _say(
         f"Phase I: {options.model} body ({sum(p.numel() for p in body.parameters())} parameters)"
         f" on {options.synthetic} images {options.channels}×{options.size}×{options.size}, "
@@ -307,8 +306,8 @@ def pretrain(
     body.train()
     last_report = time.perf_counter()
     window: list[float] = []
-    while state["step"] < options.steps:
-        step = state["step"]
+    while run.step < options.steps:
+        step = run.step
         for group in optimizer.param_groups:
             group["lr"] = learning_rate_at(options, step)
         batch = images_to_tensor(images.batch(step))
@@ -324,91 +323,90 @@ def pretrain(
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        state["step"] = step + 1
+        run.step = step + 1
         window.append(float(loss.detach()))
-        if len(window) == 50 or state["step"] == options.steps:
-            state["losses"].append({"step": state["step"], "loss": float(np.mean(window))})
+        if run.step % 50 == 0 or run.step == options.steps:  # mean loss of the last steps
+            run.losses.append({"step": run.step, "loss": float(np.mean(window))})
             window = []
-        if time.perf_counter() - last_report > 30 and state["losses"]:
+        if time.perf_counter() - last_report > 30 and run.losses:
             _say(
-                f"Phase I step {state['step']}/{options.steps}: "
-                f"loss {state['losses'][-1]['loss']:.4f}",
+                f"Phase I step {run.step}/{options.steps}: loss {run.losses[-1]['loss']:.4f}",
                 quiet,
             )
             last_report = time.perf_counter()
         if (
             checkpoint is not None
             and options.checkpoint_every
-            and (state["step"] % options.checkpoint_every == 0 or state["step"] == options.steps)
+            and (run.step % options.checkpoint_every == 0 or run.step == options.steps)
         ):
-            _save(Path(checkpoint), fingerprint, body, projection, optimizer, views, images, state)
+            run.save(Path(checkpoint))
     body.eval()
     wall = time.perf_counter() - start
     metadata = {
         "trained_on": f"synthetic:{options.synthetic}",
         "private_data": False,
         "options": dataclasses.asdict(options),
-        "final_loss": state["losses"][-1]["loss"] if state["losses"] else None,
-        "losses": state["losses"],
-        "wall_seconds": wall,
+        "final_loss": run.losses[-1]["loss"] if run.losses else None,
+        "losses": run.losses,
+        "wall_seconds": wall,  # of this process (after a resume: of the resumed part)
     }
     info = dataclasses.replace(info, metadata=metadata)
     save_encoder(out, body, info)
     return {"encoder": str(out), **metadata}
 
 
-def _save(
-    path: Path,
-    fingerprint: str,
-    body: nn.Module,
-    projection: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    views: torch.Generator,
-    images: _Images,
-    state: dict[str, Any],
-) -> None:
-    from dpvision.pipeline import atomic_open
+@dataclasses.dataclass
+class _Session:
+    """The state of a Phase I run that a checkpoint holds."""
 
-    payload = {
-        "format": PRETRAIN_CHECKPOINT_FORMAT,
-        "fingerprint": fingerprint,
-        "body": body.state_dict(),
-        "projection": projection.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "views": views.get_state(),
-        "images": images.state_dict(),
-        "state": {"step": state["step"], "losses": list(state["losses"])},
-    }
-    with atomic_open(path, "wb") as out:
-        torch.save(payload, out)
+    fingerprint: str
+    body: nn.Module
+    projection: nn.Module
+    optimizer: torch.optim.Optimizer
+    views: torch.Generator
+    images: _Images
+    step: int = 0
+    losses: list[dict[str, float]] = dataclasses.field(default_factory=list)
 
+    def save(self, path: Path) -> None:
+        """Writes the checkpoint atomically."""
+        from dpvision.pipeline import atomic_open
 
-def _resume(
-    path: Path,
-    fingerprint: str,
-    body: nn.Module,
-    projection: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    views: torch.Generator,
-    images: _Images,
-    state: dict[str, Any],
-) -> None:
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as error:
-        raise DPVisionError(
-            f"cannot read checkpoint {path} ({type(error).__name__}); it was left untouched"
-        ) from None
-    if not isinstance(payload, dict) or payload.get("format") != PRETRAIN_CHECKPOINT_FORMAT:
-        raise DPVisionError(f"{path} is not a dpvision Phase I checkpoint; it was left untouched")
-    if payload["fingerprint"] != fingerprint:
-        raise DPVisionError(
-            f"checkpoint {path} was written with other Phase I options; resume with the same "
-            "options or give another --checkpoint path (the file is left untouched)"
-        )
-    body.load_state_dict(payload["body"])
-    projection.load_state_dict(payload["projection"])
-    optimizer.load_state_dict(payload["optimizer"])
-    views.set_state(payload["views"])
-    images.load_state_dict(payload["images"])
-    state.update(payload["state"])
+        payload = {
+            "format": PRETRAIN_CHECKPOINT_FORMAT,
+            "fingerprint": self.fingerprint,
+            "body": self.body.state_dict(),
+            "projection": self.projection.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "views": self.views.get_state(),
+            "images": self.images.state_dict(),
+            "step": self.step,
+            "losses": list(self.losses),
+        }
+        with atomic_open(path, "wb") as out:
+            torch.save(payload, out)
+
+    def resume(self, path: Path) -> None:
+        """Restores a checkpoint; refuses one of other options (and leaves it alone)."""
+        try:
+            payload = torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as error:
+            raise DPVisionError(
+                f"cannot read checkpoint {path} ({type(error).__name__}); it was left untouched"
+            ) from None
+        if not isinstance(payload, dict) or payload.get("format") != PRETRAIN_CHECKPOINT_FORMAT:
+            raise DPVisionError(
+                f"{path} is not a dpvision Phase I checkpoint; it was left untouched"
+            )
+        if payload["fingerprint"] != self.fingerprint:
+            raise DPVisionError(
+                f"checkpoint {path} was written with other Phase I options; resume with the "
+                "same options or give another --checkpoint path (the file is left untouched)"
+            )
+        self.body.load_state_dict(payload["body"])
+        self.projection.load_state_dict(payload["projection"])
+        self.optimizer.load_state_dict(payload["optimizer"])
+        self.views.set_state(payload["views"])
+        self.images.load_state_dict(payload["images"])
+        self.step = int(payload["step"])
+        self.losses = list(payload["losses"])

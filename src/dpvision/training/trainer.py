@@ -492,26 +492,30 @@ def phase2_steps_for(
             "learner.phase2_steps)"
         )
 
+    from dpvision.accounting import calibrate_steps
+
     def epsilon(count: int) -> float:
         ledger = PrivacyLedger(prior.entries)
-        if count:
-            ledger.record(
-                noise_multiplier=sigma,
-                sample_rate=sample_rate,
-                count=count,
-                released="DP-SGD clipped gradient sum",
-            )
-        return ledger.epsilon(config.delta, config.accountant) if len(ledger) else 0.0
+        ledger.record(
+            noise_multiplier=sigma,
+            sample_rate=sample_rate,
+            count=count,
+            released="DP-SGD clipped gradient sum",
+        )
+        return ledger.epsilon(config.delta, config.accountant)
 
     budget = options.phase2_fraction * epsilon(steps)
-    low, high = 0, steps  # epsilon(low) <= budget < epsilon(high)
-    while high - low > 1:
-        middle = (low + high) // 2
-        if epsilon(middle) <= budget:
-            low = middle
-        else:
-            high = middle
-    return low
+    if options.phase2_fraction == 0 or epsilon(1) > budget:
+        return 0
+    return calibrate_steps(
+        target_epsilon=budget,
+        target_delta=config.delta,
+        noise_multiplier=sigma,
+        sample_rate=sample_rate,
+        accountant=config.accountant,
+        preceding_event=prior.dp_event() if len(prior) else None,
+        max_steps=steps,
+    )
 
 
 def _phase_one(

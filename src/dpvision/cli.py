@@ -215,6 +215,13 @@ def build_parser() -> argparse.ArgumentParser:
         "learner.checkpoint_every "
         "steps and at the end",
     )
+    train.add_argument(
+        "--phase2-fraction",
+        type=float,
+        metavar="F",
+        help="dp-randp: the share ε₁/ε of the budget for Phase II (the head); N₁ is the most "
+        "steps within it (same as --set learner.phase2_fraction=F; default: N₁ = 96 steps)",
+    )
     train.add_argument("--quiet", action="store_true", help="no progress messages")
     _add_audit_parser(commands)
     _add_pretrain_parser(commands)
@@ -347,7 +354,10 @@ def _run_train(args: argparse.Namespace) -> None:
     from dpvision.pipeline import run_training, summary, write_json_atomic
 
     flags = _flags(args)
-    config = resolve(args.config, flags, args.set)
+    sets = list(args.set)
+    if args.phase2_fraction is not None:
+        sets.append(f"learner.phase2_fraction={args.phase2_fraction!r}")
+    config = resolve(args.config, flags, sets)
     if args.json:  # fail on an unwritable path before training, not after
         from pathlib import Path
 

@@ -277,3 +277,22 @@ def test_encoder_mismatches_are_one_line_errors(files: dict[str, Path], tmp_path
     )
     with pytest.raises(DPVisionError, match="takes images of shape"):
         run_training(_config(files, f"dataset='npz:{other}'"), quiet=True)
+
+
+def test_command_line_phase2_fraction(
+    files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from dpvision.cli import main
+
+    out = tmp_path / "result.json"
+    config = _config(files)
+    sets = [f"--set=learner.{k}={json.dumps(v)}" for k, v in config.learner.items()]
+    argv = ["train", "--dataset", config.dataset, "--method", "dp-randp", "--epsilon", "2"]
+    code = main([*argv, *sets, "--phase2-fraction", "0.4", "--json", str(out), "--quiet"])
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert result["config"]["learner"]["phase2_fraction"] == 0.4
+    assert result["phase2_epsilon_fraction"] <= 0.4
+    assert "Phase II (head)" in capsys.readouterr().out
+    assert main([*argv, "--phase2-fraction", "2", "--quiet"]) == 2
+    assert "phase2_fraction must be in [0, 1]" in capsys.readouterr().err

@@ -209,6 +209,7 @@ def test_resume_across_the_phase_boundary_is_exact(
     monkeypatch.setattr(DPSGDStep, "__call__", original)
     result = run_training(config, quiet=True, checkpoint=resumed)
     a = torch.load(reference, weights_only=False)
+    assert a["config"]["learner"]["encoder_sha256"]  # the encoder's bytes are in the fingerprint
     b = torch.load(resumed, weights_only=False)
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert a["ledger"] == b["ledger"]

@@ -672,6 +672,11 @@ def _significant(config: TrainConfig) -> dict[str, Any]:
     data.pop("data_dir", None)
     options = dataclasses.asdict(DPSGDOptions.from_dict(config.learner))
     data["learner"] = {k: v for k, v in options.items() if k not in _RESUMABLE_CHANGES}
+    if options["encoder"] is not None and Path(options["encoder"]).is_file():
+        from dpvision.features.backbone import encoder_digest
+
+        # A run resumes only from the very same encoder, not another file at the same path.
+        data["learner"]["encoder_sha256"] = encoder_digest(options["encoder"])
     return data
 
 

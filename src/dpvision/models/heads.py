@@ -29,7 +29,7 @@ def head_name(model: nn.Module) -> str:
     names = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
     if not names:
         raise DPVisionError(f"{type(model).__name__} has no linear head to split off")
-    return names[-1]
+    return str(names[-1])
 
 
 def embedding_dim(model: nn.Module) -> int:

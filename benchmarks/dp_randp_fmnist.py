@@ -349,8 +349,8 @@ def _phases_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "0.9, C = 0.1, 40 epochs, EMA 0.9999; σ is calibrated for all the steps together, "
         "so Phase II + Phase III is one composition.",
         "",
-        "| setup | target ε | ε (ledger) | σ | steps | Phase II steps (ε₁/ε) | EMA | last | "
-        "seeds | wall s |",
+        "| setup | target ε | ε (ledger, max) | σ | steps | Phase II steps (ε₁/ε) | "
+        "EMA (median) | last (median) | runs, EMA (seeds) | wall s (median) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
@@ -358,11 +358,12 @@ def _phases_markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         if row["phase2_steps"] is not None:
             share = row["phase2_epsilon_fraction"]
             phase2 = f"{row['phase2_steps']}" + (f" ({share:.2f})" if share else "")
+        runs = "/".join(f"{100 * a:.2f}" for a in row["ema"])
         lines.append(
             f"| {row['setup']} | {row['target_epsilon']:g} | {row['epsilon']:.4f} | "
             f"{row['noise_multiplier']:.4g} | {row['steps']} | {phase2} | "
             f"**{100 * row['median_ema']:.2f}** | {100 * row['median_last']:.2f} | "
-            f"{', '.join(map(str, row['seeds']))} | {row['wall_seconds']:.0f} |"
+            f"{runs} ({', '.join(map(str, row['seeds']))}) | {row['wall_seconds']:.0f} |"
         )
     lines += [
         "",

@@ -32,6 +32,7 @@ import torch.nn.functional as F  # noqa: N812 (the usual PyTorch alias)
 from dpvision.accounting import PrivacyLedger
 from dpvision.config import TrainConfig
 from dpvision.errors import DPVisionError
+from dpvision.training.encoder import EncoderInfo
 from dpvision.training.engine import DPSGDStep, ParameterEMA
 from dpvision.training.options import DPSGDOptions, parse_model
 
@@ -369,11 +370,10 @@ class _TransferPlan:
     """Where a dp-randp run starts from and where Phase II ends."""
 
     encoder: Path
-    info: Any
+    info: EncoderInfo
     phase2_steps: int
     steps: int
     phase2_epsilon: float | None
-    delta: float
     pretrain: dict[str, Any] | None
     head: list[str] = dataclasses.field(default_factory=list)
 
@@ -456,9 +456,7 @@ def _transfer_plan(
                 released="DP-SGD clipped gradient sum",
             )
         phase2_epsilon = ledger.epsilon(config.delta, config.accountant) if len(ledger) else 0.0
-    return _TransferPlan(
-        encoder, info, phase2, steps, phase2_epsilon, config.delta, pretrain_summary
-    )
+    return _TransferPlan(encoder, info, phase2, steps, phase2_epsilon, pretrain_summary)
 
 
 def phase2_steps_for(

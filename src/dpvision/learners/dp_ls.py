@@ -24,7 +24,7 @@ from dpvision.learners.statistics import (
     class_grams,
     gram_statistics,
 )
-from dpvision.mechanisms import add_gaussian_noise, release_gaussian
+from dpvision.mechanisms import gaussian_noise, release_gaussian
 
 
 class DPLeastSquares(DPLinearClassifier):
@@ -44,7 +44,8 @@ class DPLeastSquares(DPLinearClassifier):
       num_classes: m; ``None`` infers max(y)+1 (the label set is treated as public).
       chunk_size: rows per chunk when accumulating statistics.
       max_block_bytes: memory for the per-class d×d matrices solved at once (classes are
-        processed in blocks, so m·d² need not fit in memory).
+        processed in blocks, so m·d² need not fit in memory); the solve needs about four
+        times this at its peak.
 
     Privacy:
       Three Gaussian releases with noise multiplier σ each, on statistics of clipped
@@ -67,7 +68,7 @@ class DPLeastSquares(DPLinearClassifier):
         random_state: int | None = None,
         num_classes: int | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
-        max_block_bytes: int = 2**30,
+        max_block_bytes: int = 2**28,
     ) -> None:
         self.target_epsilon = target_epsilon
         self.target_delta = target_delta
@@ -122,11 +123,17 @@ class DPLeastSquares(DPLinearClassifier):
             classes = range(first, min(first + block, num_classes))
             grams = class_grams(features, index, classes, clip_norm=c, chunk_size=self.chunk_size)
             if sigma is not None:
-                grams = add_gaussian_noise(
-                    grams, l2_sensitivity=c * c, noise_multiplier=sigma, generator=generator
+                grams += gaussian_noise(
+                    grams.shape,
+                    l2_sensitivity=c * c,
+                    noise_multiplier=sigma,
+                    dtype=grams.dtype,
+                    generator=generator,
                 )
-            # Post-processing: symmetrise, project to PSD, regularise, solve.
+            # Post-processing: regularise, then symmetrise, project to PSD and solve. Done in
+            # place where possible: a block is the largest allocation of the fit.
+            grams += shared
             coef[classes.start : classes.stop] = solve_psd(
-                symmetrize(grams) + shared, sums[classes.start : classes.stop], ridge=ridge
+                grams, sums[classes.start : classes.stop], ridge=ridge
             )
         return coef, torch.zeros(num_classes, dtype=torch.float64)

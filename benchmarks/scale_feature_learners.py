@@ -43,6 +43,15 @@ Run (full size, about 4 GB in /tmp/dpvision-scale):
 Smoke test:
     python benchmarks/scale_feature_learners.py --n 20000 --d 64 --classes 50 --n-test 2000 \
         --data-dir /tmp/dpvision-scale-small --out /tmp/scale-small-results
+
+Memory only (``--memory-only dp-ls``): runs nothing but the DP-LS fit (same data, same
+learner settings) in a fresh child process, so that its peak resident memory is the fit's
+alone, and writes ``scale_feature_learners_memory.{json,md}``. The child records its
+``ru_maxrss`` after the fit (the acceptance measure: it counts the touched pages of the
+memory map), its ``VmHWM`` (the peak RSS of the child's own address space: ``ru_maxrss``
+of a spawned child is at least the parent's peak at the spawn, which the report states),
+and sampled peaks of ``RssAnon`` and ``RssFile``:
+    python benchmarks/scale_feature_learners.py --memory-only dp-ls
 """
 
 import argparse
@@ -53,6 +62,7 @@ import platform
 import resource
 import shlex
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -87,6 +97,8 @@ DP_LS_BLOCK_BYTES = 2**28  # DPLeastSquares' default max_block_bytes
 EIGH_REFERENCE_COUNT = 16  # d×d eigendecompositions timed for the reference stage
 FILES = ("train_features.npy", "train_labels.npy", "test_features.npy", "test_labels.npy")
 NAME = "scale_feature_learners"
+MEMORY_NAME = "scale_feature_learners_memory"
+MEMORY_ONLY = ("dp-ls",)
 _START = time.perf_counter()
 
 
@@ -235,30 +247,48 @@ def ensure_dataset(folder: Path, params: dict[str, Any]) -> dict[str, Any]:
 # --- measurement -------------------------------------------------------------------------
 
 
-def _status_kb(key: str) -> int | None:
-    """A ``kB`` field of /proc/self/status (Linux), or None."""
+def _status_fields(*keys: str) -> dict[str, int]:
+    """``kB`` fields of /proc/self/status (Linux); missing ones are left out."""
+    found: dict[str, int] = {}
     try:
         with open("/proc/self/status") as status:
             for line in status:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
+                key = line.split(":", 1)[0]
+                if key in keys:
+                    found[key] = int(line.split()[1])
     except OSError:
-        return None
-    return None
+        pass
+    return found
+
+
+def _status_kb(key: str) -> int | None:
+    """A ``kB`` field of /proc/self/status (Linux), or None."""
+    return _status_fields(key).get(key)
 
 
 class AnonPeakSampler:
-    """Samples the process's anonymous resident memory (RssAnon) in a background thread."""
+    """Samples the process's anonymous resident memory (RssAnon) in a background thread.
+
+    It also keeps the peak of the file-backed resident memory (RssFile: the touched pages of
+    memory maps and of the loaded libraries) in ``peak_file_kb``.
+    """
 
     def __init__(self, interval: float = 0.02) -> None:
         self.interval = interval
-        self.peak_kb = _status_kb("RssAnon") or 0
+        self.peak_kb = 0
+        self.peak_file_kb = 0
+        self._sample()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
+    def _sample(self) -> None:
+        fields = _status_fields("RssAnon", "RssFile")
+        self.peak_kb = max(self.peak_kb, fields.get("RssAnon", 0))
+        self.peak_file_kb = max(self.peak_file_kb, fields.get("RssFile", 0))
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            self.peak_kb = max(self.peak_kb, _status_kb("RssAnon") or 0)
+            self._sample()
 
     def __enter__(self) -> "AnonPeakSampler":
         self._thread.start()
@@ -267,7 +297,7 @@ class AnonPeakSampler:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak_kb = max(self.peak_kb, _status_kb("RssAnon") or 0)
+        self._sample()
 
 
 @dataclass
@@ -390,6 +420,80 @@ def fit_and_score(
     return result
 
 
+def make_dp_ls(num_classes: int) -> DPLeastSquares:
+    """The DP-LS learner both modes measure."""
+    return DPLeastSquares(
+        target_epsilon=TARGET_EPSILON,
+        target_delta=TARGET_DELTA,
+        clip_norm=CLIP_NORM,
+        random_state=0,
+        num_classes=num_classes,
+    )
+
+
+def load_data(folder: Path) -> dict[str, np.ndarray]:
+    """Training and test features as read-only memory maps, labels in memory."""
+    return {
+        "x_train": np.load(folder / "train_features.npy", mmap_mode="r"),
+        "y_train": np.load(folder / "train_labels.npy"),
+        "x_test": np.load(folder / "test_features.npy", mmap_mode="r"),
+        "y_test": np.load(folder / "test_labels.npy"),
+    }
+
+
+def dp_ls_memory_child(data_dir: str, num_classes: int) -> dict[str, Any]:
+    """In a fresh (spawned) process: loads the data, fits DP-LS, scores; returns the numbers.
+
+    Memory is read right after the fit, before scoring: ``ru_maxrss`` and ``VmHWM`` are the
+    peaks up to then; RssAnon and RssFile are sampled every 20 ms during the fit.
+    """
+    started_kb = _status_fields("VmRSS", "RssAnon", "RssFile")
+    data = load_data(Path(data_dir))
+    model = make_dp_ls(num_classes)
+    wall, cpu = time.perf_counter(), time.process_time()
+    with AnonPeakSampler() as sampler:
+        model.fit(data["x_train"], data["y_train"])
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    fit_maxrss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kB on Linux
+    fit_hwm_kb = _status_kb("VmHWM") or 0
+    after_fit_kb = _status_fields("VmRSS", "RssAnon", "RssFile")
+    scored = time.perf_counter()
+    accuracy = float(model.score(data["x_test"], data["y_test"]))
+    return {
+        "wall_seconds": wall,
+        "cpu_seconds": cpu,
+        "max_rss_mb": fit_maxrss_kb / 1024,
+        "vm_hwm_mb": fit_hwm_kb / 1024,
+        "peak_anon_mb": sampler.peak_kb / 1024,
+        "peak_file_mb": sampler.peak_file_kb / 1024,
+        "before_fit_mb": {key: value / 1024 for key, value in started_kb.items()},
+        "after_fit_mb": {key: value / 1024 for key, value in after_fit_kb.items()},
+        "max_rss_mb_after_score": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "test_accuracy": accuracy,
+        "score_seconds": time.perf_counter() - scored,
+        "epsilon": float(model.epsilon_),
+        "delta": TARGET_DELTA,
+        "noise_multiplier": model.noise_multiplier_,
+        "privacy_ledger": model.privacy_ledger_.to_dict(),
+        "torch_num_threads": torch.get_num_threads(),
+    }
+
+
+def run_memory_only(folder: Path, num_classes: int) -> dict[str, Any]:
+    """Runs :func:`dp_ls_memory_child` in a fresh spawned process and returns its numbers."""
+    parent_maxrss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    log(f"DP-LS fit alone in a fresh child process (parent peak RSS {parent_maxrss_mb:.0f} MB)")
+    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+        child = pool.submit(dp_ls_memory_child, str(folder), num_classes).result()
+    log(
+        f"DP-LS fit: {child['wall_seconds']:.2f} s wall, {child['cpu_seconds']:.2f} s CPU, "
+        f"max RSS {child['max_rss_mb']:.0f} MB (VmHWM {child['vm_hwm_mb']:.0f} MB), "
+        f"peak anon {child['peak_anon_mb']:.0f} MB, peak file {child['peak_file_mb']:.0f} MB; "
+        f"test accuracy {child['test_accuracy']:.4f}, ε {child['epsilon']:.4f}"
+    )
+    return {"dp_ls": child, "parent_max_rss_mb_at_spawn": parent_maxrss_mb}
+
+
 def run_stages(data: dict[str, np.ndarray], num_classes: int, seed: int) -> dict[str, Any]:
     """Runs every measured stage in order; returns stages, learner results and ratios."""
     stages: list[Stage] = []
@@ -406,18 +510,7 @@ def run_stages(data: dict[str, np.ndarray], num_classes: int, seed: int) -> dict
     baseline_a = gram_stage.wall_s + index_stage.wall_s + class_stage.wall_s
     with measure("reference: batched eigh of d×d matrices (not in a baseline)", stages) as ref:
         ref.extra = eigh_reference(x.shape[1], num_classes, seed)
-    dp_ls = fit_and_score(
-        lambda: DPLeastSquares(
-            target_epsilon=TARGET_EPSILON,
-            target_delta=TARGET_DELTA,
-            clip_norm=CLIP_NORM,
-            random_state=0,
-            num_classes=num_classes,
-        ),
-        data,
-        stages,
-        "DP-LS fit",
-    )
+    dp_ls = fit_and_score(lambda: make_dp_ls(num_classes), data, stages, "DP-LS fit")
     with measure("baseline B: S = X Wᵀ and Sᵀ X", stages) as pass_stage:
         scores_gradient_pass(x, num_classes, seed)
     baseline_b = gram_stage.wall_s + pass_stage.wall_s
@@ -542,6 +635,156 @@ def markdown(result: dict[str, Any]) -> str:
     )
 
 
+MEMORY_LIMIT_MB = 4000  # the acceptance bound on the fit's peak RSS (4 GB)
+
+
+def previous_full_run(out: Path, params: dict[str, Any]) -> dict[str, Any] | None:
+    """The DP-LS stage of ``scale_feature_learners.json`` in ``out``, if on the same data."""
+    try:
+        previous = json.loads((out / f"{NAME}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    same = all(previous["parameters"].get(key) == params[key] for key in ("n", "d", "classes"))
+    stage = next((s for s in previous["results"]["stages"] if s["name"] == "DP-LS fit"), None)
+    if not same or stage is None:
+        return None
+    return {
+        "date": previous["date"],
+        "wall_s": stage["wall_s"],
+        "max_rss_mb": stage["max_rss_mb"],
+        "peak_anon_mb": stage["peak_anon_mb"],
+    }
+
+
+def memory_markdown(result: dict[str, Any]) -> str:
+    """A short markdown report of a ``--memory-only dp-ls`` run."""
+    p, r, mach = result["parameters"], result["results"], result["machine"]
+    ls = r["dp_ls"]
+    under = ls["max_rss_mb"] < MEMORY_LIMIT_MB
+    lines = [
+        "# Scale benchmark, memory: the DP-LS fit alone",
+        "",
+        f"n = {p['n']:,} training rows, d = {p['d']}, m = {p['classes']} classes, "
+        f"{p['n_test']:,} test rows (synthetic, float32, read-only memory map "
+        f'`np.load(..., mmap_mode="r")`, seed {p["seed"]}); '
+        f"`DPLeastSquares(target_epsilon={TARGET_EPSILON:g}, target_delta={TARGET_DELTA:g}, "
+        f"clip_norm={CLIP_NORM:g}).fit`, in a fresh child process.",
+        "",
+        "| wall s | CPU s | peak RSS MB (ru_maxrss) | VmHWM MB | peak anon MB | "
+        "peak file MB | test accuracy | ε | σ |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {ls['wall_seconds']:.2f} | {ls['cpu_seconds']:.2f} | **{ls['max_rss_mb']:.0f}** | "
+        f"{ls['vm_hwm_mb']:.0f} | {ls['peak_anon_mb']:.0f} | {ls['peak_file_mb']:.0f} | "
+        f"{ls['test_accuracy']:.4f} | {ls['epsilon']:.4f} | {ls['noise_multiplier']:.4f} |",
+        "",
+        f"Peak RSS {ls['max_rss_mb']:.0f} MB is "
+        + (f"**under** the {MEMORY_LIMIT_MB} MB bound." if under else "**over** the bound.")
+        + f" The training features alone are {4 * p['n'] * p['d'] / 1e6:.0f} MB.",
+        "",
+        "peak RSS is the child's `ru_maxrss` right after the fit (before scoring); it counts "
+        "the touched pages of the memory map (file-backed) as well as the memory the process "
+        "allocated (anonymous). A spawned child's `ru_maxrss` is at least its parent's peak "
+        f"at the spawn, here {r['parent_max_rss_mb_at_spawn']:.0f} MB; VmHWM is the peak RSS "
+        "of the child's own address space. peak anon and peak file are the peaks of RssAnon "
+        "and RssFile (which includes the loaded libraries), sampled every 20 ms during the "
+        f"fit. Before the fit the child had {ls['before_fit_mb'].get('VmRSS', 0):.0f} MB "
+        f"resident (libraries and interpreter); after it, "
+        f"{ls['after_fit_mb'].get('RssFile', 0):.0f} MB file-backed.",
+    ]
+    old = r.get("previous_full_run")
+    if old is not None:
+        lines += [
+            "",
+            f"For comparison, the DP-LS stage of the full benchmark of {old['date']} "
+            "(`scale_feature_learners.md`; measured in one process after the baseline stages, "
+            "so its max RSS is that process's running peak): "
+            f"{old['wall_s']:.2f} s wall, max RSS {old['max_rss_mb']:.0f} MB, "
+            f"peak anon {old['peak_anon_mb']:.0f} MB.",
+        ]
+    data = result["data"]
+    lines += [
+        "",
+        f"Data: {data['bytes'] / 1e9:.2f} GB in `{data['dir']}`, "
+        + (f"generated in {data['seconds']:.1f} s." if data["generated"] else "reused."),
+        "",
+        f"Machine: {mach['cpu_count']} CPUs, torch threads {ls['torch_num_threads']}, "
+        f"{mach['memory_gb']:.0f} GB RAM, {mach['platform']}; torch {mach['torch']}, "
+        f"numpy {mach['numpy']}, dpvision {mach['dpvision']}; thread environment "
+        f"{mach['thread_env']}. Load average at start {result['load_average_start']}, at end "
+        f"{result['load_average_end']}.",
+        "",
+        f"Date: {result['date']}. Code: commit {result['git_commit']}. "
+        f"Total time {result['total_seconds']:.1f} s. Command:",
+        "",
+        f"    {result['command']}",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def git_commit() -> str | None:
+    """The checked-out commit of this script's repository (``+dirty`` if files changed)."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        changed = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return commit + ("+dirty" if changed else "")
+
+
+def write_memory_result(
+    args: argparse.Namespace,
+    params: dict[str, Any],
+    machine: dict[str, Any],
+    data_info: dict[str, Any],
+    load_start: list[float],
+) -> int:
+    """Runs the ``--memory-only`` measurement and writes its JSON and markdown."""
+    out = Path(args.out)
+    results = run_memory_only(Path(args.data_dir), args.classes)
+    results["previous_full_run"] = previous_full_run(out, params)
+    result = {
+        "name": MEMORY_NAME,
+        "learner": args.memory_only,
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "git_commit": git_commit(),
+        "command": shlex.join(["python", *sys.argv]),
+        "parameters": {
+            **params,
+            "target_epsilon": TARGET_EPSILON,
+            "target_delta": TARGET_DELTA,
+            "clip_norm": CLIP_NORM,
+            "chunk_size": DEFAULT_CHUNK_SIZE,
+            "memory_limit_mb": MEMORY_LIMIT_MB,
+        },
+        "machine": machine,
+        "data": data_info,
+        "results": results,
+        "load_average_start": load_start,
+        "load_average_end": [round(v, 2) for v in os.getloadavg()],
+        "total_seconds": time.perf_counter() - _START,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / f"{MEMORY_NAME}.json", json.dumps(result, indent=2) + "\n")
+    write_text_atomic(out / f"{MEMORY_NAME}.md", memory_markdown(result))
+    peak = results["dp_ls"]["max_rss_mb"]
+    log(f"DP-LS peak RSS {peak:.0f} MB (bound {MEMORY_LIMIT_MB} MB); wrote {out}/{MEMORY_NAME}.*")
+    return 0
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (defaults: the full 1.28M × 768, 1000-class benchmark)."""
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
@@ -554,6 +797,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--out", default=str(Path(__file__).resolve().parent / "results"), help="results folder"
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the synthetic data")
+    parser.add_argument(
+        "--memory-only",
+        choices=MEMORY_ONLY,
+        help="run only this learner's fit, in a fresh child process, and write "
+        f"{MEMORY_NAME}.{{json,md}} (peak resident memory of the fit alone)",
+    )
     args = parser.parse_args(argv)
     if min(args.n, args.d, args.n_test) < 1 or args.classes < 2:
         parser.error("--n, --d and --n-test must be >= 1 and --classes >= 2")
@@ -572,13 +821,9 @@ def main(argv: list[str] | None = None) -> int:
     params = data_parameters(args)
     folder = Path(args.data_dir)
     data_info = {**ensure_dataset(folder, params), "dir": str(folder.resolve())}
-    data = {
-        "x_train": np.load(folder / "train_features.npy", mmap_mode="r"),
-        "y_train": np.load(folder / "train_labels.npy"),
-        "x_test": np.load(folder / "test_features.npy", mmap_mode="r"),
-        "y_test": np.load(folder / "test_labels.npy"),
-    }
-    results = run_stages(data, args.classes, args.seed)
+    if args.memory_only:
+        return write_memory_result(args, params, machine, data_info, load_start)
+    results = run_stages(load_data(folder), args.classes, args.seed)
     result = {
         "name": NAME,
         "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),

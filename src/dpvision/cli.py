@@ -13,6 +13,7 @@ User errors (bad values, unreachable targets) print one line on stderr and exit 
 import argparse
 import json
 import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -364,12 +365,28 @@ def _run_train(args: argparse.Namespace) -> None:
         folder = Path(args.json).parent
         if str(folder) and not folder.is_dir():
             raise DPVisionError(f"cannot write {args.json}: folder {folder} does not exist")
-    result = run_training(config, quiet=args.quiet, checkpoint=args.checkpoint)
+    workers = _join_torchrun()
+    try:
+        result = run_training(config, quiet=args.quiet, checkpoint=args.checkpoint)
+    finally:
+        if workers is not None:
+            from dpvision.distributed import shutdown
+
+            shutdown()
+    if workers is not None and not workers.is_main:
+        return  # rank 0 reports; every rank holds the same result
     if args.json:
         write_json_atomic(args.json, result)
     print(summary(result))
     if args.json:
         print(f"result written to {args.json}")
+
+
+def _join_torchrun() -> Any:
+    """Joins the process group when launched by torchrun with several processes."""
+    from dpvision.distributed import init_from_env, launched_by_torchrun
+
+    return init_from_env() if launched_by_torchrun() else None
 
 
 def _add_audit_parser(commands: Any) -> None:
@@ -692,6 +709,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.command != "train" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise DPVisionError(
+                f"`dpvision {args.command}` runs in one process; only `dpvision train` "
+                "runs under torchrun"
+            )
         if args.command == "privacy":
             result = _PRIVACY_QUERIES[args.query](args)
             if result is not None:

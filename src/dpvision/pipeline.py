@@ -117,14 +117,20 @@ def run_training(
             f"--checkpoint is for --method dp-sgd and dp-randp, not {config.method}"
         )
     from dpvision.data import load_dataset
+    from dpvision.distributed import current
     from dpvision.features import load_or_extract, parse_feature_spec
 
     start = time.perf_counter()
+    workers = current()
+    quiet = quiet or not workers.is_main
+    significant = {k: v for k, v in config.to_dict().items() if k != "data_dir"}
+    workers.check_agree(significant, "the configuration")
     spec = parse_feature_spec(config.features)
     _say(f"loading dataset {config.dataset}", quiet)
     dataset = load_dataset(config.dataset, config.data_dir)
     _say(f"features {config.features} for {dataset.num_train} + {dataset.num_test} images", quiet)
-    train, test = load_or_extract(dataset, spec, progress=not quiet)
+    # Under torchrun rank 0 extracts and caches the features, then the others read them.
+    train, test = workers.main_first(lambda: load_or_extract(dataset, spec, progress=not quiet))
     channels = _channels(config, dataset, spec)
     _say(
         f"training {config.method} on {train.shape[1]} features "
@@ -153,6 +159,7 @@ def run_training(
         "num_features": int(train.shape[1]),
         "seed": config.seed,
         "wall_seconds": time.perf_counter() - start,
+        "world_size": workers.world_size,
         "epsilon_zcdp": _zcdp_figure(learner.privacy_ledger_, config.delta),
         "privacy_ledger": learner.privacy_ledger_.to_dict()["entries"],
         "config": config.to_dict(),

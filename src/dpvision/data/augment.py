@@ -24,6 +24,8 @@ torch.Size([2, 3, 1, 4, 4])
 True
 """
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F  # noqa: N812 (the usual PyTorch alias)
 
@@ -46,6 +48,73 @@ def _pad(images: torch.Tensor, padding: int, mode: str) -> torch.Tensor:
     )
     cols = torch.where(cols < 0, -cols - 1, torch.where(cols >= width, 2 * width - cols - 1, cols))
     return images[..., rows[:, None], cols[None, :]]
+
+
+@dataclass(frozen=True)
+class ViewDraws:
+    """The random choices behind K views of B examples: crop offsets and flips, (B, K) each.
+
+    Drawn for a whole logical batch at once and then sliced, so the views an example gets do
+    not depend on how the batch is cut into physical micro-batches or shared among the
+    processes of a distributed run.
+    """
+
+    dy: torch.Tensor
+    dx: torch.Tensor
+    flips: torch.Tensor
+
+    def __len__(self) -> int:
+        return len(self.dy)
+
+    def __getitem__(self, index: slice | torch.Tensor) -> "ViewDraws":
+        return ViewDraws(self.dy[index], self.dx[index], self.flips[index])
+
+
+def draw_views(
+    batch: int, views: int, generator: torch.Generator, *, padding: int = 4, flip: bool = True
+) -> ViewDraws:
+    """Draws the offsets (uniform in [0, 2·padding]) and flips (probability ½) of K views of
+    ``batch`` examples, in that order, from ``generator``."""
+    if views < 1:
+        raise DPVisionError(f"augmult must be >= 1 views, got {views}")
+    shape = (batch, views)
+    dy = torch.randint(0, 2 * padding + 1, shape, generator=generator)
+    dx = torch.randint(0, 2 * padding + 1, shape, generator=generator)
+    flips = (
+        torch.rand(shape, generator=generator) < 0.5
+        if flip
+        else torch.zeros(shape, dtype=torch.bool)
+    )
+    return ViewDraws(dy, dx, flips)
+
+
+def apply_views(
+    images: torch.Tensor, draws: ViewDraws, *, padding: int = 4, mode: str = "reflect"
+) -> torch.Tensor:
+    """The views ``draws`` describes, cut from ``images`` (B, C, H, W): (B, K, C, H, W)."""
+    if images.dim() != 4:
+        raise DPVisionError(
+            f"augment_views expects (B, C, H, W) images, got shape {tuple(images.shape)}"
+        )
+    if mode not in PADDING_MODES:
+        raise DPVisionError(
+            f"unknown padding mode {mode!r}; choose one of {', '.join(PADDING_MODES)}"
+        )
+    if len(draws) != len(images):
+        raise DPVisionError(f"{len(draws)} view draws for {len(images)} images")
+    batch, _, height, width = images.shape
+    if padding >= min(height, width) and mode != "zeros":
+        raise DPVisionError(f"padding {padding} is too large for {height}×{width} images")
+    padded = _pad(images, padding, mode) if padding else images
+    cols = torch.arange(width)
+    cols = torch.where(draws.flips[..., None], width - 1 - cols, cols)  # (B, K, W)
+    rows = draws.dy[..., None] + torch.arange(height)  # (B, K, H)
+    cols = draws.dx[..., None] + cols
+    device = images.device
+    index_b = torch.arange(batch, device=device).view(batch, 1, 1, 1)
+    # Advanced indices around the channel slice put their broadcast dims first: (B, K, H, W, C).
+    out = padded[index_b, :, rows.to(device)[..., :, None], cols.to(device)[..., None, :]]
+    return out.permute(0, 1, 4, 2, 3).contiguous()
 
 
 def augment_views(
@@ -74,30 +143,5 @@ def augment_views(
         raise DPVisionError(
             f"augment_views expects (B, C, H, W) images, got shape {tuple(images.shape)}"
         )
-    if views < 1:
-        raise DPVisionError(f"augmult must be >= 1 views, got {views}")
-    if mode not in PADDING_MODES:
-        raise DPVisionError(
-            f"unknown padding mode {mode!r}; choose one of {', '.join(PADDING_MODES)}"
-        )
-    batch, _, height, width = images.shape
-    if padding >= min(height, width) and mode != "zeros":
-        raise DPVisionError(f"padding {padding} is too large for {height}×{width} images")
-    padded = _pad(images, padding, mode) if padding else images
-    shape = (batch, views)
-    dy = torch.randint(0, 2 * padding + 1, shape, generator=generator)
-    dx = torch.randint(0, 2 * padding + 1, shape, generator=generator)
-    flips = (
-        torch.rand(shape, generator=generator) < 0.5
-        if flip
-        else torch.zeros(shape, dtype=torch.bool)
-    )
-    cols = torch.arange(width)
-    cols = torch.where(flips[..., None], width - 1 - cols, cols)  # (B, K, W)
-    rows = dy[..., None] + torch.arange(height)  # (B, K, H)
-    cols = dx[..., None] + cols
-    device = images.device
-    index_b = torch.arange(batch, device=device).view(batch, 1, 1, 1)
-    # Advanced indices around the channel slice put their broadcast dims first: (B, K, H, W, C).
-    out = padded[index_b, :, rows.to(device)[..., :, None], cols.to(device)[..., None, :]]
-    return out.permute(0, 1, 4, 2, 3).contiguous()
+    draws = draw_views(len(images), views, generator, padding=padding, flip=flip)
+    return apply_views(images, draws, padding=padding, mode=mode)

@@ -22,6 +22,7 @@ from dpvision.accounting import (
     PrivacyLedger,
     calibrate_noise_multiplier,
 )
+from dpvision.distributed import Workers, current
 from dpvision.errors import DPVisionError
 from dpvision.learners.statistics import check_features, iter_chunks
 
@@ -100,8 +101,14 @@ class DPLinearClassifier(ClassifierMixin, BaseEstimator, abc.ABC):  # type: igno
         sigma: float | None,
         ledger: PrivacyLedger,
         generator: torch.Generator,
+        workers: Workers,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Fits on the data, adding noise at σ (None: no noise) and recording it in ``ledger``.
+
+        Under ``torchrun`` every rank gets the whole (memory-mapped) data and ``workers``:
+        it reduces only its share of the rows (``workers.row_range(n)``), the exact sums are
+        all-reduced, and the noise is drawn after the reduction from ``generator``, which is
+        in the same state on every rank, so all ranks release and return the same values.
 
         Returns (coef (m, d), intercept (m,)).
         """
@@ -135,8 +142,13 @@ class DPLinearClassifier(ClassifierMixin, BaseEstimator, abc.ABC):  # type: igno
             prior_ledger=ledger,
             accountant=self.accountant,
         )
+        workers = current()
+        if workers.distributed and self.random_state is None:
+            raise DPVisionError(
+                "under torchrun every rank must draw the same noise: give random_state"
+            )
         coef, intercept = self._fit_private(
-            X, y, num_classes, sigma, ledger, make_generator(self.random_state)
+            X, y, num_classes, sigma, ledger, make_generator(self.random_state), workers
         )
         self.coef_ = coef.to(torch.float64).numpy()
         self.intercept_ = intercept.to(torch.float64).numpy()

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from dpvision.accounting import PrivacyLedger
+from dpvision.distributed import Workers
 from dpvision.errors import DPVisionError
 from dpvision.learners.base import DPLinearClassifier
 from dpvision.learners.dp_sgd_linear import clipped_gradient_sum, loss_gradient, row_sq_norms
@@ -92,9 +93,12 @@ class DPFeatureCovariance(DPLinearClassifier):
         sigma: float | None,
         ledger: PrivacyLedger,
         generator: torch.Generator,
+        workers: Workers,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         n, d = features.shape
         cg = self.covariance_clip_norm
+        start, stop = workers.row_range(n)
+        features, labels = features[start:stop], labels[start:stop]  # this rank's rows
         gram = gram_statistics(
             features,
             labels,
@@ -102,6 +106,7 @@ class DPFeatureCovariance(DPLinearClassifier):
             clip_norm=cg,
             chunk_size=self.chunk_size,
         ).gram
+        workers.all_reduce_([gram])  # exact sums over all ranks; the noise comes after
         if sigma is None:
             ledger.record_non_private(released="DP-FC feature covariance (noise off)")
         else:
@@ -126,23 +131,26 @@ class DPFeatureCovariance(DPLinearClassifier):
         sq_norms = row_sq_norms(features, self.chunk_size)
         for _ in range(int(self.epochs)):
             grad = torch.zeros_like(weight)
-            for start in range(0, n, self.chunk_size):
+            bad = torch.zeros(1, dtype=torch.int64)
+            for first in range(0, len(features), self.chunk_size):
                 x = torch.from_numpy(
-                    np.array(features[start : start + self.chunk_size], dtype=np.float64)
+                    np.array(features[first : first + self.chunk_size], dtype=np.float64)
                 )
                 y = torch.from_numpy(
-                    np.asarray(labels[start : start + self.chunk_size], dtype=np.int64)
+                    np.asarray(labels[first : first + self.chunk_size], dtype=np.int64)
                 )
                 errors = loss_gradient(x @ weight.T + bias, y, "sigmoid")
-                gw, _, bad = clipped_gradient_sum(
+                gw, _, count = clipped_gradient_sum(
                     x,
                     errors,
                     self.clip_norm,
                     fit_intercept=False,
-                    sq_norms=sq_norms[start : start + len(x)],
+                    sq_norms=sq_norms[first : first + len(x)],
                 )
                 grad += gw
-                self.nonfinite_gradients_ += bad
+                bad += count
+            workers.all_reduce_([grad, bad])
+            self.nonfinite_gradients_ += int(bad)
             if sigma is None:
                 ledger.record_non_private(released="DP-FC gradient sum (noise off)")
             else:

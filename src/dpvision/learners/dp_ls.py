@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from dpvision.accounting import PrivacyLedger
+from dpvision.distributed import Workers
 from dpvision.learners.base import DPLinearClassifier
 from dpvision.learners.linalg import solve_psd, symmetrize
 from dpvision.learners.statistics import (
@@ -99,12 +100,17 @@ class DPLeastSquares(DPLinearClassifier):
         sigma: float | None,
         ledger: PrivacyLedger,
         generator: torch.Generator,
+        workers: Workers,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.clip_norm
+        n, d = features.shape
+        start, stop = workers.row_range(n)
+        local_x, local_y = features[start:stop], labels[start:stop]
         stats = gram_statistics(
-            features, labels, num_classes=num_classes, clip_norm=c, chunk_size=self.chunk_size
+            local_x, local_y, num_classes=num_classes, clip_norm=c, chunk_size=self.chunk_size
         )
         gram, sums = stats.gram, stats.class_sums
+        workers.all_reduce_([gram, sums])  # exact sums over all ranks; the noise comes after
         if sigma is None:
             ledger.record_non_private(released="DP-LS statistics G, A_j, b_j (noise off)")
         else:
@@ -115,13 +121,14 @@ class DPLeastSquares(DPLinearClassifier):
             # is drawn block by block below, which is the same mechanism.
             ledger.record(noise_multiplier=sigma, l2_sensitivity=c * c, released="DP-LS A_j")
         shared = self.alpha * symmetrize(gram)
-        ridge = self._ridge(stats.count, features.shape[1], sigma)
-        index = ClassIndex(labels, num_classes)
-        coef = torch.empty(num_classes, features.shape[1], dtype=torch.float64)
-        block = max(1, self.max_block_bytes // (8 * features.shape[1] ** 2))
+        ridge = self._ridge(n, d, sigma)
+        index = ClassIndex(local_y, num_classes)
+        coef = torch.zeros(num_classes, d, dtype=torch.float64)
+        block = max(1, self.max_block_bytes // (8 * d**2))
         for first in range(0, num_classes, block):
             classes = range(first, min(first + block, num_classes))
-            grams = class_grams(features, index, classes, clip_norm=c, chunk_size=self.chunk_size)
+            grams = class_grams(local_x, index, classes, clip_norm=c, chunk_size=self.chunk_size)
+            workers.all_reduce_([grams])
             if sigma is not None:
                 grams += gaussian_noise(
                     grams.shape,
@@ -132,8 +139,12 @@ class DPLeastSquares(DPLinearClassifier):
                 )
             # Post-processing: regularise, then symmetrise, project to PSD and solve. Done in
             # place where possible: a block is the largest allocation of the fit.
+            # Each rank solves its share of the block's classes; the others stay zero in its
+            # coef, so the final all-reduce assembles every class's solution exactly.
+            first_mine, last_mine = workers.row_range(len(classes))
+            mine = slice(classes.start + first_mine, classes.start + last_mine)
+            grams = grams[first_mine:last_mine]
             grams += shared
-            coef[classes.start : classes.stop] = solve_psd(
-                grams, sums[classes.start : classes.stop], ridge=ridge
-            )
+            coef[mine] = solve_psd(grams, sums[mine], ridge=ridge)
+        workers.all_reduce_([coef])
         return coef, torch.zeros(num_classes, dtype=torch.float64)

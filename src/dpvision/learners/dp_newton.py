@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from dpvision.accounting import PrivacyLedger
+from dpvision.distributed import Workers
 from dpvision.errors import DPVisionError
 from dpvision.learners.base import DPLinearClassifier
 from dpvision.learners.linalg import solve_psd
@@ -81,6 +82,7 @@ class DPNewton(DPLinearClassifier):
         sigma: float | None,
         ledger: PrivacyLedger,
         generator: torch.Generator,
+        workers: Workers,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         n, d = features.shape
         m, c = num_classes, self.clip_norm
@@ -95,7 +97,9 @@ class DPNewton(DPLinearClassifier):
             # At w = 0 every σ(z)(1 − σ(z)) is exactly 1/4, so all m Hessian sums equal G/4:
             # one Gram matrix instead of m weighted ones (the same exact statistic).
             at_zero = not bool(weight.any())
-            for x, y in iter_chunks(features, labels, chunk_size=self.chunk_size):
+            start, stop = workers.row_range(n)  # this rank's rows; sums all-reduced below
+            rows = (features[start:stop], labels[start:stop])
+            for x, y in iter_chunks(*rows, chunk_size=self.chunk_size):
                 assert y is not None
                 x = clip_rows(x, c)
                 targets = torch.nn.functional.one_hot(y, m).to(torch.float64)
@@ -107,6 +111,7 @@ class DPNewton(DPLinearClassifier):
                 curvature = probs * (1 - probs)  # (rows, m)
                 for j in range(m):
                     hessian[j].addmm_((x * curvature[:, j : j + 1]).T, x)
+            workers.all_reduce_([grad, hessian[0] if at_zero else hessian])
             if at_zero:
                 hessian[1:] = hessian[0]
             if sigma is None:

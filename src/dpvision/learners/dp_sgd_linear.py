@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from dpvision.accounting import PrivacyLedger
+from dpvision.distributed import Workers
 from dpvision.errors import DPVisionError
 from dpvision.learners.base import DPLinearClassifier
 from dpvision.learners.statistics import DEFAULT_CHUNK_SIZE
@@ -176,6 +177,7 @@ class DPSGDLinear(DPLinearClassifier):
         sigma: float | None,
         ledger: PrivacyLedger,
         generator: torch.Generator,
+        workers: Workers,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         n, d = features.shape
         q, steps = self._sample_rate(n), self._steps(n)
@@ -197,14 +199,16 @@ class DPSGDLinear(DPLinearClassifier):
         for step in range(steps):
             # Poisson sampling: every example joins independently with probability q.
             batch = np.flatnonzero(sampler.random(n) < q) if q < 1 else all_rows
+            batch = workers.split(batch)  # this rank's share; the sums are all-reduced below
             grad_w = torch.zeros_like(weight)
             grad_b = torch.zeros_like(bias)
+            bad = torch.zeros(1, dtype=torch.int64)
             for start in range(0, len(batch), self.chunk_size):
                 index = batch[start : start + self.chunk_size]
                 x = _rows(features, index)
                 y = torch.from_numpy(np.asarray(labels[index], dtype=np.int64))
                 errors = loss_gradient(x @ weight.T + bias, y, self.loss)
-                gw, gb, bad = clipped_gradient_sum(
+                gw, gb, count = clipped_gradient_sum(
                     x,
                     errors,
                     self.clip_norm,
@@ -213,7 +217,9 @@ class DPSGDLinear(DPLinearClassifier):
                 )
                 grad_w += gw
                 grad_b += gb
-                self.nonfinite_gradients_ += bad
+                bad += count
+            workers.all_reduce_([grad_w, grad_b, bad])
+            self.nonfinite_gradients_ += int(bad)
             flat = torch.cat([grad_w.reshape(-1), grad_b])
             if sigma is None:
                 ledger.record_non_private(released="linear-head gradient sum (noise off)")

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 import torch
 
 from dpvision.accounting import PrivacyLedger
+from dpvision.distributed import Workers
 from dpvision.errors import DPVisionError
 from dpvision.mechanisms import gaussian_noise
 from dpvision.training.per_example import ClippedGradientSum, clipped_gradient_sum
@@ -117,7 +118,11 @@ class DPSGDStep:
       sample_rate: q, the Poisson rate the logical batches were drawn with.
       num_examples: N; the clipped sum is divided by the public qN.
       ledger: where every logical step is recorded.
-      generator: the noise generator (seeded identically on every worker when distributed).
+      generator: the noise generator; under ``torchrun`` it must be seeded identically on
+        every rank.
+      workers: the processes sharing each logical step (default: this process alone).
+        Each rank passes its own share of the logical batch; the clipped sums are
+        all-reduced before the noise, which every rank then draws identically, once.
       views: whether inputs carry K augmented views per example, (B, K, ...).
       clipping: how per-example gradients are clipped: ``auto`` (book-keeping norms for
         linear, convolution and group-norm layers, the torch.func reference otherwise),
@@ -128,7 +133,8 @@ class DPSGDStep:
 
     Privacy:
       Each call releases Σᵢ clip(gᵢ, C) + N(0, (σC)² I) over the examples of one Poisson
-      batch, L2 sensitivity C, recorded as one Poisson-sampled Gaussian step at rate q.
+      batch (all ranks' shares together), L2 sensitivity C, recorded as one
+      Poisson-sampled Gaussian step at rate q.
       Everything after (division by qN, the optimizer, the EMA) is post-processing. With
       σ = 0 nothing is private and the ledger says so (a non-private baseline).
     """
@@ -148,6 +154,7 @@ class DPSGDStep:
         views: bool = False,
         clipping: str = "auto",
         normalize_update: bool = False,
+        workers: Workers | None = None,
     ) -> None:
         if clipping not in CLIPPING_METHODS:
             raise DPVisionError(
@@ -160,26 +167,31 @@ class DPSGDStep:
         self.sample_rate, self.num_examples = sample_rate, num_examples
         self.ledger, self.generator, self.views = ledger, generator, views
         self.clipping, self.normalize_update = clipping, normalize_update
+        self.workers = workers or Workers()
         self.nonfinite = 0
         self.last_batch_size = 0
 
     def __call__(self, micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Applies one logical step whose examples arrive as (inputs, targets) micro-batches.
 
-        An empty logical batch is an empty iterable: it still gets its noise.
+        An empty logical batch is an empty iterable: it still gets its noise. Under
+        ``torchrun`` every rank calls this with its own share of the batch.
         """
         params = [p for p in self.model.parameters() if p.requires_grad]
         names = [k for k, p in self.model.named_parameters() if p.requires_grad]
         total = [torch.zeros_like(p) for p in params]
-        self.last_batch_size = 0
+        counts = torch.zeros(2, dtype=torch.int64)  # examples, non-finite gradients
         for inputs, targets in micro_batches:
             if len(inputs) == 0:
                 continue
             clipped = self._clip(inputs, targets)
-            self.nonfinite += clipped.nonfinite
-            self.last_batch_size += len(inputs)
+            counts += torch.tensor([len(inputs), clipped.nonfinite])
             for acc, name in zip(total, names, strict=True):
                 acc += clipped.grads[name]
+        # Exact sums over every rank's share, then the noise once (Algorithm 1).
+        self.workers.all_reduce_([*total, counts])
+        self.last_batch_size = int(counts[0])
+        self.nonfinite += int(counts[1])
         privatize_gradients(
             list(zip(total, params, strict=True)),
             noise_multiplier=self.noise_multiplier,

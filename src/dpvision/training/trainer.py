@@ -13,6 +13,12 @@ Checkpoints hold the model, the optimizer, the EMA, the sampler's RNG, the noise
 augmentation generators and the ledger, and are written atomically; a run killed at any
 point and resumed from its checkpoint ends with the same parameters and the same ledger as
 an uninterrupted run. A checkpoint written by a different configuration is refused.
+
+Under ``torchrun`` (:mod:`dpvision.distributed`) every rank samples the same logical batch
+and draws the same augmentations, clips its contiguous share, and the clipped sums are
+all-reduced before the one noise draw; the run, its checkpoints and its ledger are those of
+one process with the same seed (up to the order of float additions), so a run may also be
+resumed with another number of processes. Rank 0 alone writes the checkpoint.
 """
 
 import dataclasses
@@ -31,6 +37,7 @@ import torch.nn.functional as F  # noqa: N812 (the usual PyTorch alias)
 
 from dpvision.accounting import PrivacyLedger
 from dpvision.config import TrainConfig
+from dpvision.distributed import Workers, current
 from dpvision.errors import DPVisionError
 from dpvision.training.encoder import EncoderInfo
 from dpvision.training.engine import DPSGDStep, ParameterEMA
@@ -93,6 +100,10 @@ def run_dpsgd(
     from dpvision.accounting import default_accountant
 
     start = time.perf_counter()
+    workers = current()
+    quiet = quiet or not workers.is_main
+    fingerprint = config_fingerprint(config)
+    workers.check_agree(fingerprint, "the configuration")
     options = DPSGDOptions.from_dict(config.learner)
     seeds = run_seeds(config.seed)
     data = _load_data(config, options, seeds["preprocessing"], quiet)
@@ -137,8 +148,8 @@ def run_dpsgd(
         views=options.augmult > 0,
         clipping=options.clipping,
         normalize_update=options.normalize_update,
+        workers=workers,
     )
-    fingerprint = config_fingerprint(config)
     history: list[dict[str, Any]] = []
     state = {
         "model": model,
@@ -156,22 +167,23 @@ def run_dpsgd(
 
     if plan is not None:
         state["enter_phase"] = enter_phase
-    if checkpoint is not None and Path(checkpoint).exists():
-        ledger = _resume(Path(checkpoint), config, fingerprint, state)
+    if checkpoint is not None and workers.from_main(Path(checkpoint).exists):
+        ledger = _resume(Path(checkpoint), config, fingerprint, state, workers)
         step_fn.ledger = ledger
         _say(f"resumed from {checkpoint} at step {sampler.step} of {steps}", quiet)
     _say(
         f"dp-sgd {options.model} ({sum(p.numel() for p in model.parameters())} parameters) on "
         f"{num_train} examples: {steps} steps at q = {sample_rate:.4g}, σ = {sigma:.4g}, "
-        f"C = {options.max_grad_norm:g}, K = {options.augmult}",
+        f"C = {options.max_grad_norm:g}, K = {options.augmult}"
+        + (f", {workers.world_size} processes" if workers.distributed else ""),
         quiet,
     )
-    last_report = time.perf_counter()
+    last_report = loop_start = time.perf_counter()
     while sampler.step < steps:
         indices = sampler.sample()
         sampler.step += 1
         try:
-            step_fn(_micro_batches(data, indices, options, augment_generator))
+            step_fn(_micro_batches(data, indices, options, augment_generator, workers))
         except RuntimeError as error:
             raise _memory_error(error, options) from None
         if ema is not None:
@@ -180,10 +192,11 @@ def run_dpsgd(
         if plan is not None and done == plan.phase2_steps:
             enter_phase(done)
             if done < steps:
-                history.append({"step": done, "phase": 2, **_evaluate(model, ema, data, options)})
+                evaluation = _evaluate(model, ema, data, options, workers)
+                history.append({"step": done, "phase": 2, **evaluation})
                 _say(f"Phase II done at step {done}: {history[-1]}; Phase III trains all", quiet)
         if options.eval_every and done % options.eval_every == 0 and done < steps:
-            history.append({"step": done, **_evaluate(model, ema, data, options)})
+            history.append({"step": done, **_evaluate(model, ema, data, options, workers)})
             _say(f"step {done}/{steps}: {history[-1]}", quiet)
         elif time.perf_counter() - last_report > 30:
             _say(f"step {done}/{steps}", quiet)
@@ -191,8 +204,12 @@ def run_dpsgd(
         if checkpoint is not None and (
             (options.checkpoint_every and done % options.checkpoint_every == 0) or done == steps
         ):
-            save_checkpoint(Path(checkpoint), config, fingerprint, state, ledger)
-    final = _evaluate(model, ema, data, options)
+            workers.check_agree(_state_digest(model), "the model parameters")
+            if workers.is_main:
+                save_checkpoint(Path(checkpoint), config, fingerprint, state, ledger)
+    train_seconds = time.perf_counter() - loop_start
+    workers.check_agree(_state_digest(model), "the model parameters")
+    final = _evaluate(model, ema, data, options, workers)
     history.append({"step": sampler.step, **final})
     accountant = config.accountant or default_accountant(ledger.dp_event()).value
     epsilon = ledger.epsilon(config.delta, config.accountant) if ledger.is_private else math.inf
@@ -218,6 +235,8 @@ def run_dpsgd(
         "nonfinite_gradients": step_fn.nonfinite,
         "seed": config.seed,
         "wall_seconds": time.perf_counter() - start,
+        "train_seconds": train_seconds,
+        "world_size": workers.world_size,
         "epsilon_zcdp": None,
         "history": history,
         **transfer,
@@ -293,7 +312,8 @@ def _load_data(config: TrainConfig, options: DPSGDOptions, seed: int, quiet: boo
     shape = feature_shape(
         tuple(dataset.train_images.shape[1:]), dataclasses.replace(spec, flatten=False)
     )
-    train, test = load_or_extract(dataset, spec, progress=not quiet)
+    # Under torchrun rank 0 extracts and caches the features, then the others read them.
+    train, test = current().main_first(lambda: load_or_extract(dataset, spec, progress=not quiet))
     train, test = preprocess(config, train, test, int(shape[0]), ledger, seed)
     train_x = torch.from_numpy(np.array(train, dtype=np.float32)).view(-1, *shape)
     test_x = torch.from_numpy(np.array(test, dtype=np.float32)).view(-1, *shape)
@@ -540,9 +560,16 @@ def _phase_one(
     folder = default_cache_dir() / "encoders"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{options.model}-{pretrain_options.fingerprint()}.pt"
-    if path.exists():
+    workers = current()
+    if workers.sum(int(path.exists())) == workers.world_size:
         _say(f"Phase I: reusing the encoder {path}", quiet)
         return path, {"cached": True, "options": dataclasses.asdict(pretrain_options)}
+    if workers.distributed:
+        raise DPVisionError(
+            "Phase I (pre-training on synthetic images) runs in one process: run `dpvision "
+            "pretrain` first (or this run without torchrun once), then set learner.encoder "
+            f"to the encoder file, on every machine (this run's would be {path})"
+        )
     summary = pretrain(pretrain_options, path, checkpoint=path.with_suffix(".ckpt"), quiet=quiet)
     path.with_suffix(".ckpt").unlink(missing_ok=True)
     return path, {"cached": False, **summary}
@@ -555,21 +582,41 @@ def _sampler(num_train: int, sample_rate: float, steps: int, seed: int) -> Any:
 
 
 def _micro_batches(
-    data: _Data, indices: np.ndarray, options: DPSGDOptions, generator: torch.Generator
+    data: _Data,
+    indices: np.ndarray,
+    options: DPSGDOptions,
+    generator: torch.Generator,
+    workers: Workers | None = None,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """The logical batch ``indices`` in physical chunks, with K views each when augmult ≥ 1."""
-    from dpvision.data.augment import augment_views
+    """This rank's share of the logical batch ``indices`` in physical chunks, with K views
+    each when augmult ≥ 1.
 
-    index = torch.as_tensor(indices, dtype=torch.long)
-    for chunk in index.split(options.physical_batch_size):
+    The views' random choices are drawn for the whole logical batch first (on every rank
+    alike), so an example gets the same views whatever the physical batch size and the
+    number of processes.
+    """
+    from dpvision.data.augment import apply_views, draw_views
+
+    workers = workers or Workers()
+    draws = None
+    if options.augmult:
+        draws = draw_views(
+            len(indices),
+            options.augmult,
+            generator,
+            padding=options.crop_padding,
+            flip=options.flip,
+        )
+    start, stop = workers.row_range(len(indices))
+    for first in range(start, stop, options.physical_batch_size):
+        last = min(first + options.physical_batch_size, stop)
+        chunk = torch.as_tensor(indices[first:last], dtype=torch.long)
         inputs = data.train_x[chunk]
-        if options.augmult:
-            inputs = augment_views(
+        if draws is not None:
+            inputs = apply_views(
                 inputs,
-                options.augmult,
-                generator,
+                draws[first:last],
                 padding=options.crop_padding,
-                flip=options.flip,
                 mode=options.padding_mode,
             )
         yield inputs, data.train_y[chunk]
@@ -582,32 +629,49 @@ def _accuracy(
     x: torch.Tensor,
     y: torch.Tensor,
     batch: int,
+    workers: Workers,
 ) -> float:
+    """Accuracy on (x, y); each rank scores its share of the rows and the counts are summed."""
     from torch.func import functional_call
 
+    start, stop = workers.row_range(len(y))
+    x, y = x[start:stop], y[start:stop]
     correct = 0
     for xb, yb in zip(x.split(batch), y.split(batch), strict=True):
         out = model(xb) if params is None else functional_call(model, params, (xb,))
         correct += int((out.argmax(1) == yb).sum())
-    return correct / max(len(y), 1)
+    return workers.sum(correct) / max(workers.sum(len(y)), 1)
 
 
 def _evaluate(
-    model: torch.nn.Module, ema: ParameterEMA | None, data: _Data, options: DPSGDOptions
+    model: torch.nn.Module,
+    ema: ParameterEMA | None,
+    data: _Data,
+    options: DPSGDOptions,
+    workers: Workers | None = None,
 ) -> dict[str, float]:
     """Test accuracy of the raw parameters and, with an EMA, of the averaged ones.
 
     Privacy: the test set is not private training data; nothing here touches the
     training examples.
     """
-    out = {
-        "test_accuracy": _accuracy(model, None, data.test_x, data.test_y, options.eval_batch_size)
-    }
+    workers = workers or Workers()
+    batch = options.eval_batch_size
+    out = {"test_accuracy": _accuracy(model, None, data.test_x, data.test_y, batch, workers)}
     if ema is not None:
         out["test_accuracy_ema"] = _accuracy(
-            model, ema.shadow, data.test_x, data.test_y, options.eval_batch_size
+            model, ema.shadow, data.test_x, data.test_y, batch, workers
         )
     return out
+
+
+def _state_digest(model: torch.nn.Module) -> str:
+    """SHA-256 of the parameters and buffers, to check that all ranks hold the same model."""
+    digest = hashlib.sha256()
+    for name, value in model.state_dict().items():
+        digest.update(name.encode())
+        digest.update(value.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 # --- memory -------------------------------------------------------------------------------
@@ -707,10 +771,7 @@ def save_checkpoint(
         torch.save(payload, out)
 
 
-def _resume(
-    path: Path, config: TrainConfig, fingerprint: str, state: dict[str, Any]
-) -> PrivacyLedger:
-    """Restores ``state`` from the checkpoint at ``path``; refuses one of another config."""
+def _read_checkpoint(path: Path) -> dict[str, Any]:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as error:
@@ -720,6 +781,22 @@ def _resume(
         ) from None
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         raise DPVisionError(f"{path} is not a dpvision DP-SGD checkpoint; it was left untouched")
+    return payload
+
+
+def _resume(
+    path: Path,
+    config: TrainConfig,
+    fingerprint: str,
+    state: dict[str, Any],
+    workers: Workers | None = None,
+) -> PrivacyLedger:
+    """Restores ``state`` from the checkpoint at ``path``; refuses one of another config.
+
+    Rank 0 reads the file and sends its contents to the other ranks, so only rank 0 needs
+    to see it.
+    """
+    payload = (workers or Workers()).from_main(lambda: _read_checkpoint(path))
     if payload["fingerprint"] != fingerprint:
         ours, theirs = _flatten(_significant(config)), _flatten(payload["config"])
         differ = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))

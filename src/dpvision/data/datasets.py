@@ -9,13 +9,15 @@ Names:
 * ``dermamnist``: MedMNIST's ``dermamnist.npz``, 28x28 RGB, 7 classes; the official train and
   test splits, the validation split ignored (:mod:`dpvision.data.npzfiles`).
 * ``npz:PATH``: an ``.npz`` with ``x_train``, ``y_train``, ``x_test``, ``y_test``.
+* ``npy:DIR``: the same four arrays as ``.npy`` files in a folder; the uint8 images are
+  memory-mapped, not loaded, for image sets larger than memory.
 * ``imagefolder:PATH``: ``PATH/train/<class>/*.png`` and ``PATH/test/<class>/*``
   (:mod:`dpvision.data.imagefolder`); needs Pillow.
 
 Named datasets with files are found as described in :mod:`dpvision.data.sources`.
 
-Loading reads the private data into memory and nothing else: no statistic of the data is
-computed, logged or released here.
+Loading reads the private data into memory (``npy:DIR``: maps it) and nothing else: no
+statistic of the data is computed, logged or released here.
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ DATASETS: dict[str, DatasetInfo] = {
 }
 """The named datasets, by name."""
 
-PATH_PREFIXES = ("npz:", "imagefolder:")
+PATH_PREFIXES = ("npz:", "npy:", "imagefolder:")
 """Prefixes of the dataset names that carry a path."""
 
 _ALIASES = {
@@ -110,7 +112,8 @@ _ALIASES = {
 
 
 def available_datasets() -> tuple[str, ...]:
-    """The accepted dataset names, path forms included (``npz:PATH``, ``imagefolder:PATH``)."""
+    """The accepted dataset names, path forms included (``npz:PATH``, ``npy:PATH``,
+    ``imagefolder:PATH``)."""
     return (*DATASETS, *(prefix + "PATH" for prefix in PATH_PREFIXES))
 
 
@@ -121,12 +124,12 @@ def load_dataset(
 
     Args:
         name: ``digits``, ``mnist``, ``fashion-mnist``, ``cifar10``, ``cifar100``,
-            ``dermamnist``, ``npz:PATH`` or ``imagefolder:PATH``. Case-insensitive, except the
-            path.
+            ``dermamnist``, ``npz:PATH``, ``npy:PATH`` or ``imagefolder:PATH``.
+            Case-insensitive, except the path.
         data_dir: For named datasets with files: the folder holding them, or its parent with a
             ``<name>/`` sub-folder. When given, only that place is used. When ``None``, the
             lookup order of :mod:`dpvision.data.sources` applies. Ignored by ``digits``,
-            ``npz:`` and ``imagefolder:``.
+            ``npz:``, ``npy:`` and ``imagefolder:``.
         download: Whether a missing named dataset may be downloaded into
             ``~/.cache/dpvision/<name>`` (never when ``data_dir`` is given or
             ``DPVISION_OFFLINE`` is set).
@@ -195,12 +198,15 @@ def _find_idx_files(candidate: Path) -> dict[str, Path] | None:
 
 
 def _load_path_dataset(name: str, prefix: str, raw_path: str) -> ImageDataset:
-    """Loads ``npz:PATH`` or ``imagefolder:PATH``."""
+    """Loads ``npz:PATH``, ``npy:PATH`` or ``imagefolder:PATH``."""
     if not raw_path:
         raise DPVisionError(f"dataset {name!r} names no path; write {prefix}PATH")
     path = Path(raw_path).expanduser()
     if prefix == "npz:":
         x_train, y_train, x_test, y_test, num_classes = npzfiles.load_array_npz(path)
+        return ImageDataset(name, x_train, y_train, x_test, y_test, num_classes=num_classes)
+    if prefix == "npy:":
+        x_train, y_train, x_test, y_test, num_classes = npzfiles.load_array_folder(path)
         return ImageDataset(name, x_train, y_train, x_test, y_test, num_classes=num_classes)
     x_train, y_train, x_test, y_test, classes = imagefolder.load_image_folder(path)
     return ImageDataset(

@@ -261,3 +261,43 @@ def _convert(
             f"{out[2].shape[1:]}; all images must share one (H, W, C)"
         )
     return out[0], out[1], out[2], out[3]
+
+
+def load_array_folder(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """Reads a ``npy:DIR`` dataset: ``x_train.npy``, ``y_train.npy``, ``x_test.npy`` and
+    ``y_test.npy`` in one folder, the images **memory-mapped** (read-only), not loaded.
+
+    This is the format for image sets larger than memory: the images must already be
+    ``uint8`` ``(N, H, W)`` or ``(N, H, W, C)`` (converting would read them all), and are read
+    from disk a batch at a time by whoever indexes them. Labels are loaded.
+
+    Returns:
+        ``(train_images, train_labels, test_images, test_labels, num_classes)``.
+
+    Raises:
+        DPVisionError: If a file is missing, pickled, or not in the format.
+    """
+    fix = f"expected {', '.join(k + '.npy' for k in ARRAY_KEYS)} in {path} (uint8 images)"
+    if not path.is_dir():
+        raise DPVisionError(f"{path}: no such folder; {fix}")
+    arrays = {}
+    for key in ARRAY_KEYS:
+        file = path / f"{key}.npy"
+        if not file.is_file():
+            raise DPVisionError(f"{file}: no such file; {fix}")
+        try:
+            array = np.load(
+                file, mmap_mode="r" if key.startswith("x") else None, allow_pickle=False
+            )
+        except (OSError, ValueError, EOFError) as exc:
+            raise DPVisionError(
+                f"{file}: not a readable .npy array ({_first_line(exc)}); {fix}"
+            ) from None
+        if key.startswith("x") and array.dtype != np.uint8:
+            raise DPVisionError(
+                f"{file}: memory-mapped images must be uint8, got {array.dtype}; {fix}"
+            )
+        arrays[key] = array
+    splits = _convert(path, arrays, ("x_train", "y_train"), ("x_test", "y_test"))
+    num_classes = int(max(splits[1].max(initial=0), splits[3].max(initial=0))) + 1
+    return (*splits, num_classes)

@@ -27,7 +27,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -270,12 +270,52 @@ def noise_multiplier_for(
     )
 
 
+class LazyInputs:
+    """Model inputs (N, C, H, W) made from uint8 images (N, H, W, C) a batch at a time.
+
+    The images may be memory-mapped (``npy:DIR`` datasets) and larger than memory: only the
+    rows indexed are read and converted (to float in [0, 1], then each of ``transforms``).
+    Indexing with a tensor of indices or a slice returns a float32 tensor.
+
+    Privacy: a fixed per-example map with public constants; releases nothing.
+    """
+
+    def __init__(
+        self,
+        images: np.ndarray,
+        transforms: tuple[Callable[[torch.Tensor], torch.Tensor], ...] = (),
+    ) -> None:
+        self.images = images
+        self.transforms = transforms
+
+    @property
+    def shape(self) -> torch.Size:
+        count, height, width, channels = self.images.shape
+        return torch.Size((count, channels, height, width))
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: torch.Tensor | slice) -> torch.Tensor:
+        from dpvision.data.core import images_to_tensor
+
+        rows = index.numpy() if isinstance(index, torch.Tensor) else index
+        inputs = images_to_tensor(np.ascontiguousarray(self.images[rows]))
+        for transform in self.transforms:
+            inputs = transform(inputs)
+        return inputs
+
+    def map(self, transform: Callable[[torch.Tensor], torch.Tensor]) -> "LazyInputs":
+        """The same inputs followed by ``transform`` (applied per batch)."""
+        return LazyInputs(self.images, (*self.transforms, transform))
+
+
 @dataclasses.dataclass
 class _Data:
     name: str
-    train_x: torch.Tensor
+    train_x: torch.Tensor | LazyInputs
     train_y: torch.Tensor
-    test_x: torch.Tensor
+    test_x: torch.Tensor | LazyInputs
     test_y: torch.Tensor
     num_classes: int
     ledger: PrivacyLedger
@@ -299,8 +339,9 @@ def _load_data(config: TrainConfig, options: DPSGDOptions, seed: int, quiet: boo
                 "dp-sgd on pixels takes no feature preprocessing; set preprocessing.kind = "
                 "'none' (use learner.normalization for per-dataset pixel normalisation)"
             )
-        train_x = pixel_inputs(dataset.train_images, dataset.name, options.normalization)
-        test_x = pixel_inputs(dataset.test_images, dataset.name, options.normalization)
+        # Converted a batch at a time: the images may be larger than memory (npy:DIR).
+        train_x = lazy_pixel_inputs(dataset.train_images, dataset.name, options.normalization)
+        test_x = lazy_pixel_inputs(dataset.test_images, dataset.name, options.normalization)
         return _Data(dataset.name, train_x, train_y, test_x, test_y, dataset.num_classes, ledger)
     if options.augmult:
         raise DPVisionError(
@@ -320,6 +361,24 @@ def _load_data(config: TrainConfig, options: DPSGDOptions, seed: int, quiet: boo
     return _Data(dataset.name, train_x, train_y, test_x, test_y, dataset.num_classes, ledger)
 
 
+def lazy_pixel_inputs(images: np.ndarray, dataset: str, normalization: str) -> LazyInputs:
+    """:func:`pixel_inputs`, made a batch at a time when indexed."""
+    if normalization != "dataset":
+        return LazyInputs(images)
+    standardize = _standardizer(dataset)
+    return LazyInputs(images, (standardize,))
+
+
+def _standardizer(dataset: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    if dataset not in DATASET_STATISTICS:
+        raise DPVisionError(
+            f"no published statistics for {dataset}; set learner.normalization = 'none' "
+            f"(known: {', '.join(DATASET_STATISTICS)})"
+        )
+    mean, std = (torch.tensor(v).view(-1, 1, 1) for v in DATASET_STATISTICS[dataset])
+    return lambda inputs: (inputs - mean) / std
+
+
 def pixel_inputs(images: np.ndarray, dataset: str, normalization: str) -> torch.Tensor:
     """uint8 images (N, H, W, C) → float (N, C, H, W) in [0, 1], then standardised with the
     published per-dataset statistics when ``normalization = "dataset"``.
@@ -331,13 +390,7 @@ def pixel_inputs(images: np.ndarray, dataset: str, normalization: str) -> torch.
     inputs = images_to_tensor(images)
     if normalization != "dataset":
         return inputs
-    if dataset not in DATASET_STATISTICS:
-        raise DPVisionError(
-            f"no published statistics for {dataset}; set learner.normalization = 'none' "
-            f"(known: {', '.join(DATASET_STATISTICS)})"
-        )
-    mean, std = (torch.tensor(v).view(-1, 1, 1) for v in DATASET_STATISTICS[dataset])
-    return (inputs - mean) / std
+    return _standardizer(dataset)(inputs)
 
 
 def build_model(
@@ -462,8 +515,10 @@ def _transfer_plan(
             f"encoder {encoder} takes images of shape {tuple(info.input_shape)}, "
             f"{data.name}'s are {shape}: pre-train with --size {shape[-1]} --channels {shape[0]}"
         )
-    data.train_x = info.normalize(data.train_x)
-    data.test_x = info.normalize(data.test_x)
+    assert isinstance(data.train_x, LazyInputs)
+    assert isinstance(data.test_x, LazyInputs)
+    data.train_x = data.train_x.map(info.normalize)
+    data.test_x = data.test_x.map(info.normalize)
     phase2 = phase2_steps_for(config, options, sigma, sample_rate, steps, data.ledger)
     phase2_epsilon = None
     if sigma > 0:
@@ -626,7 +681,7 @@ def _micro_batches(
 def _accuracy(
     model: torch.nn.Module,
     params: dict[str, torch.Tensor] | None,
-    x: torch.Tensor,
+    x: torch.Tensor | LazyInputs,
     y: torch.Tensor,
     batch: int,
     workers: Workers,
@@ -635,12 +690,12 @@ def _accuracy(
     from torch.func import functional_call
 
     start, stop = workers.row_range(len(y))
-    x, y = x[start:stop], y[start:stop]
     correct = 0
-    for xb, yb in zip(x.split(batch), y.split(batch), strict=True):
+    for first in range(start, stop, batch):
+        xb, yb = x[first : min(first + batch, stop)], y[first : min(first + batch, stop)]
         out = model(xb) if params is None else functional_call(model, params, (xb,))
         correct += int((out.argmax(1) == yb).sum())
-    return workers.sum(correct) / max(workers.sum(len(y)), 1)
+    return workers.sum(correct) / max(workers.sum(stop - start), 1)
 
 
 def _evaluate(

@@ -441,6 +441,17 @@ def load_data(folder: Path) -> dict[str, np.ndarray]:
     }
 
 
+def _busy_cpu_seconds() -> float | None:
+    """CPU seconds the whole machine has been busy since boot (/proc/stat), or None."""
+    try:
+        with open("/proc/stat") as stat:
+            fields = [int(v) for v in stat.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    # user nice system idle iowait irq softirq steal: everything but idle and iowait
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def dp_ls_memory_child(data_dir: str, num_classes: int) -> dict[str, Any]:
     """In a fresh (spawned) process: loads the data, fits DP-LS, scores; returns the numbers.
 
@@ -450,10 +461,13 @@ def dp_ls_memory_child(data_dir: str, num_classes: int) -> dict[str, Any]:
     started_kb = _status_fields("VmRSS", "RssAnon", "RssFile")
     data = load_data(Path(data_dir))
     model = make_dp_ls(num_classes)
+    busy, usage = _busy_cpu_seconds(), resource.getrusage(resource.RUSAGE_SELF)
     wall, cpu = time.perf_counter(), time.process_time()
     with AnonPeakSampler() as sampler:
         model.fit(data["x_train"], data["y_train"])
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    busy_after, usage_after = _busy_cpu_seconds(), resource.getrusage(resource.RUSAGE_SELF)
+    others = None if busy is None or busy_after is None else busy_after - busy - cpu
     fit_maxrss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kB on Linux
     fit_hwm_kb = _status_kb("VmHWM") or 0
     after_fit_kb = _status_fields("VmRSS", "RssAnon", "RssFile")
@@ -462,6 +476,9 @@ def dp_ls_memory_child(data_dir: str, num_classes: int) -> dict[str, Any]:
     return {
         "wall_seconds": wall,
         "cpu_seconds": cpu,
+        "user_cpu_seconds": usage_after.ru_utime - usage.ru_utime,
+        "system_cpu_seconds": usage_after.ru_stime - usage.ru_stime,
+        "other_processes_cpu_seconds": others,
         "max_rss_mb": fit_maxrss_kb / 1024,
         "vm_hwm_mb": fit_hwm_kb / 1024,
         "peak_anon_mb": sampler.peak_kb / 1024,
@@ -489,7 +506,8 @@ def run_memory_only(folder: Path, num_classes: int) -> dict[str, Any]:
         f"DP-LS fit: {child['wall_seconds']:.2f} s wall, {child['cpu_seconds']:.2f} s CPU, "
         f"max RSS {child['max_rss_mb']:.0f} MB (VmHWM {child['vm_hwm_mb']:.0f} MB), "
         f"peak anon {child['peak_anon_mb']:.0f} MB, peak file {child['peak_file_mb']:.0f} MB; "
-        f"test accuracy {child['test_accuracy']:.4f}, ε {child['epsilon']:.4f}"
+        f"test accuracy {child['test_accuracy']:.4f}, ε {child['epsilon']:.4f}; other "
+        f"processes used {child['other_processes_cpu_seconds'] or 0:.0f} CPU s meanwhile"
     )
     return {"dp_ls": child, "parent_max_rss_mb_at_spawn": parent_maxrss_mb}
 
@@ -670,10 +688,12 @@ def memory_markdown(result: dict[str, Any]) -> str:
         f"`DPLeastSquares(target_epsilon={TARGET_EPSILON:g}, target_delta={TARGET_DELTA:g}, "
         f"clip_norm={CLIP_NORM:g}).fit`, in a fresh child process.",
         "",
-        "| wall s | CPU s | peak RSS MB (ru_maxrss) | VmHWM MB | peak anon MB | "
+        "| wall s | CPU s (user + sys) | peak RSS MB (ru_maxrss) | VmHWM MB | peak anon MB | "
         "peak file MB | test accuracy | ε | σ |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        f"| {ls['wall_seconds']:.2f} | {ls['cpu_seconds']:.2f} | **{ls['max_rss_mb']:.0f}** | "
+        f"| {ls['wall_seconds']:.2f} | {ls['cpu_seconds']:.2f} "
+        f"({ls['user_cpu_seconds']:.1f} + {ls['system_cpu_seconds']:.1f}) | "
+        f"**{ls['max_rss_mb']:.0f}** | "
         f"{ls['vm_hwm_mb']:.0f} | {ls['peak_anon_mb']:.0f} | {ls['peak_file_mb']:.0f} | "
         f"{ls['test_accuracy']:.4f} | {ls['epsilon']:.4f} | {ls['noise_multiplier']:.4f} |",
         "",
@@ -691,6 +711,15 @@ def memory_markdown(result: dict[str, Any]) -> str:
         f"resident (libraries and interpreter); after it, "
         f"{ls['after_fit_mb'].get('RssFile', 0):.0f} MB file-backed.",
     ]
+    if ls["other_processes_cpu_seconds"] is not None:
+        lines += [
+            "",
+            f"Other processes used {ls['other_processes_cpu_seconds']:.0f} CPU seconds during "
+            f"the fit's {ls['wall_seconds']:.0f} s (on average "
+            f"{ls['other_processes_cpu_seconds'] / ls['wall_seconds']:.2f} of the "
+            f"{mach['cpu_count']} CPUs): the wall time is only comparable between runs on an "
+            "equally busy machine (the eigendecompositions suffer most from contention).",
+        ]
     old = r.get("previous_full_run")
     if old is not None:
         lines += [

@@ -113,7 +113,7 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dataset",
         help="digits, mnist, fashion-mnist, cifar10, cifar100, "
-        "dermamnist, npz:PATH or imagefolder:PATH",
+        "dermamnist, npz:PATH, npy:DIR or imagefolder:PATH",
     )
     parser.add_argument("--data-dir", metavar="DIR", help="folder with the dataset's files")
     parser.add_argument(

@@ -24,7 +24,7 @@ from dpvision.errors import DPVisionError
 from dpvision.learners.base import DPLinearClassifier
 from dpvision.learners.dp_sgd_linear import clipped_gradient_sum, loss_gradient, row_sq_norms
 from dpvision.learners.linalg import psd_project, symmetrize
-from dpvision.learners.statistics import DEFAULT_CHUNK_SIZE, gram_statistics
+from dpvision.learners.statistics import DEFAULT_CHUNK_SIZE, gram_statistics, read_rows
 from dpvision.mechanisms import release_gaussian
 
 
@@ -133,9 +133,7 @@ class DPFeatureCovariance(DPLinearClassifier):
             grad = torch.zeros_like(weight)
             bad = torch.zeros(1, dtype=torch.int64)
             for first in range(0, len(features), self.chunk_size):
-                x = torch.from_numpy(
-                    np.array(features[first : first + self.chunk_size], dtype=np.float64)
-                )
+                x = read_rows(features, slice(first, first + self.chunk_size))
                 y = torch.from_numpy(
                     np.asarray(labels[first : first + self.chunk_size], dtype=np.int64)
                 )

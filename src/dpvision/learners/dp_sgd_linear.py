@@ -16,7 +16,7 @@ from dpvision.accounting import PrivacyLedger
 from dpvision.distributed import Workers
 from dpvision.errors import DPVisionError
 from dpvision.learners.base import DPLinearClassifier
-from dpvision.learners.statistics import DEFAULT_CHUNK_SIZE
+from dpvision.learners.statistics import DEFAULT_CHUNK_SIZE, read_rows
 from dpvision.mechanisms import clipping, release_gaussian
 
 LOSSES = ("softmax", "sigmoid")
@@ -75,7 +75,7 @@ def row_sq_norms(features: np.ndarray, chunk_size: int = DEFAULT_CHUNK_SIZE) -> 
     """‖xᵢ‖² of every row, in float64, one chunk at a time (non-finite rows give inf/nan)."""
     out = torch.empty(len(features), dtype=torch.float64)
     for start in range(0, len(features), chunk_size):
-        chunk = np.asarray(features[start : start + chunk_size], dtype=np.float64)
+        chunk = read_rows(features, slice(start, start + chunk_size)).numpy()
         out[start : start + len(chunk)] = torch.from_numpy(np.einsum("ij,ij->i", chunk, chunk))
     return out
 
@@ -83,7 +83,7 @@ def row_sq_norms(features: np.ndarray, chunk_size: int = DEFAULT_CHUNK_SIZE) -> 
 def _rows(features: np.ndarray, index: np.ndarray) -> torch.Tensor:
     # float64 throughout: in float32 the clipped contribution of one example was measured
     # to exceed C by 4e-6 (relative), which would break the stated sensitivity.
-    return torch.from_numpy(np.array(features[index], dtype=np.float64))
+    return read_rows(features, index)
 
 
 class DPSGDLinear(DPLinearClassifier):

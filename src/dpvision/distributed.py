@@ -48,7 +48,7 @@ class Workers:
 
     >>> workers = Workers(rank=1, world_size=2)
     >>> workers.split(np.arange(5)).tolist()
-    [3, 4]
+    [2, 3, 4]
     >>> workers.row_range(10)
     (5, 10)
     """

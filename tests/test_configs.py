@@ -20,12 +20,15 @@ from dpvision.config import resolve
 from dpvision.pipeline import run_training
 from dpvision.training.pretrain import PretrainOptions, pretrain
 
-# The DP-SGD configs (seeds 003 and 004); DP-RandP's (seed 002) are in test_configs_seed002.py.
-CONFIGS = sorted(
+_NOT_SEED002 = sorted(
     path
     for path in (Path(__file__).parent.parent / "configs").rglob("*.toml")
     if path.parent.name != "seed002"
 )
+# The DP-SGD configs (seeds 003 and 004); DP-RandP's (seed 002) are further down.
+CONFIGS = [path for path in _NOT_SEED002 if resolve(path).method == "dp-sgd"]
+# The feature-learner configs (seed 004's ScatterNet+linear).
+FEATURE_CONFIGS = [path for path in _NOT_SEED002 if resolve(path).method != "dp-sgd"]
 # The default run trains one config of each WRN depth; the other ε columns differ from them
 # only in σ, steps and learning rate, and run under ``-m slow``.
 _FAST_WRN = {"cifar10_wrn16_4_eps1", "cifar10_wrn40_4_eps8"}
@@ -73,6 +76,7 @@ def test_there_is_a_config_per_published_row() -> None:
             assert f"cifar10_{model}_eps{epsilon}" in names
     for dataset in ("mnist", "fashion_mnist", "cifar10"):
         assert {f"{dataset}_cnn", f"{dataset}_scatternet_cnn"} <= names
+    assert "fashion_mnist_scatternet_linear" in {path.stem for path in FEATURE_CONFIGS}
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.stem for p in CONFIGS])
@@ -109,6 +113,30 @@ def test_config_loads_and_runs_a_few_steps(
     assert entries[-1]["noise_multiplier"] == published.noise_multiplier
     assert entries[-1]["count"] == 2
     assert 0 < result["epsilon"] < float("inf")
+
+
+@pytest.mark.parametrize("path", FEATURE_CONFIGS, ids=[p.stem for p in FEATURE_CONFIGS])
+def test_feature_learner_config_runs_briefly(
+    path: Path, data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DPVISION_CACHE", str(tmp_path / "cache"))
+    published = resolve(path)
+    config = resolve(
+        path, {"data_dir": str(data_dir)}, ["learner.batch_size=8", "learner.epochs=1"]
+    )
+    result = run_training(config, quiet=True)
+    assert result["method"] == published.method
+    assert 0 < result["epsilon"] <= published.epsilon
+
+
+def test_every_seed004_config_states_its_published_number() -> None:
+    for path in sorted((Path(__file__).parent.parent / "configs" / "seed004").glob("*.toml")):
+        reference = resolve(path).reference
+        assert reference["source"], path
+        assert 0 < reference["accuracy"] <= 1, path
+        low, high = reference["band"]
+        assert low <= reference["accuracy"] <= high, path
+        assert reference["needs"], path
 
 
 # --- DP-RandP (seed 002) -------------------------------------------------------------------

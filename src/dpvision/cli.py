@@ -227,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_audit_parser(commands)
     _add_pretrain_parser(commands)
     _add_synth_parser(commands)
+    _add_report_parsers(commands)
     return parser
 
 
@@ -328,6 +329,91 @@ def _add_synth_parser(commands: Any) -> None:
     synth.add_argument("--columns", type=_whole_number, default=8, help="grid columns")
 
 
+def _number_list(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}"
+        ) from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one number")
+    return values
+
+
+def _whole_list(text: str) -> list[int]:
+    values = _number_list(text)
+    if not all(v.is_integer() for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}")
+    return [int(v) for v in values]
+
+
+def _add_report_parsers(commands: Any) -> None:
+    sweep = commands.add_parser(
+        "sweep",
+        help="run configs over a grid of target ε and seeds; one result JSON per run",
+        description="Runs each --config at every target ε of --epsilons and every seed of "
+        "--seeds, writing one result JSON per run into --out (runs already there are kept, "
+        "so an interrupted sweep resumes). Then: dpvision report OUT.",
+    )
+    sweep.add_argument(
+        "--config", action="append", required=True, metavar="FILE.toml", help="repeatable"
+    )
+    sweep.add_argument(
+        "--epsilons", type=_number_list, required=True, metavar="E1,E2,...", help="target ε"
+    )
+    sweep.add_argument("--seeds", type=_whole_list, default=[0], metavar="S1,S2,...")
+    sweep.add_argument("--out", required=True, metavar="DIR", help="folder for the JSONs")
+    sweep.add_argument("--data-dir", metavar="DIR", help="folder with the dataset's files")
+    sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    sweep.add_argument("--quiet", action="store_true")
+    report = commands.add_parser(
+        "report",
+        help="markdown report and privacy-utility plots from a folder of result JSONs",
+        description="Reads every result JSON under RESULTS_DIR and writes a markdown report "
+        "(median and spread over seeds, the published number and the difference, flags for "
+        "ε above target or accuracy outside the published band, each run's ledger) and one "
+        "PNG per dataset: accuracy against ε with the published points.",
+    )
+    report.add_argument("results", nargs="+", metavar="RESULTS_DIR")
+    report.add_argument(
+        "--out", metavar="FILE.md", help="default: report.md in the first RESULTS_DIR"
+    )
+    report.add_argument(
+        "--references",
+        nargs="+",
+        default=[],
+        metavar="CONFIG.toml",
+        help="configs whose [reference] published points are plotted as well",
+    )
+
+
+def _run_sweep(args: argparse.Namespace) -> None:
+    from dpvision.report import sweep
+
+    files = sweep(
+        args.config,
+        epsilons=args.epsilons,
+        seeds=args.seeds,
+        out=args.out,
+        sets=args.set,
+        data_dir=args.data_dir,
+        quiet=args.quiet,
+    )
+    print(f"{len(files)} result files in {args.out}; next: dpvision report {args.out}")
+
+
+def _run_report(args: argparse.Namespace) -> None:
+    from dpvision.report import report
+
+    summary = report(args.results, args.out, references=args.references)
+    print(f"report written to {summary['report']}")
+    for png in summary["plots"]:
+        print(f"plot written to {png}")
+    if summary["flagged"]:
+        print(f"{len(summary['flagged'])} flagged runs (see the report's Flags section)")
+
+
 def _run_synth(args: argparse.Namespace) -> None:
     import time
 
@@ -368,6 +454,14 @@ def _run_train(args: argparse.Namespace) -> None:
     workers = _join_torchrun()
     try:
         result = run_training(config, quiet=args.quiet, checkpoint=args.checkpoint)
+    except DPVisionError as error:
+        needs = config.reference.get("needs")
+        if needs and args.config:
+            raise DPVisionError(
+                f"{error} — this config needs {needs}; where it is, run: dpvision train "
+                f"--config {args.config}"
+            ) from None
+        raise
     finally:
         if workers is not None:
             from dpvision.distributed import shutdown
@@ -726,6 +820,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             _run_pretrain(args)
         elif args.command == "synth":
             _run_synth(args)
+        elif args.command == "sweep":
+            _run_sweep(args)
+        elif args.command == "report":
+            _run_report(args)
     except DPVisionError as error:
         print(f"dpvision: error: {error}", file=sys.stderr)
         return EXIT_USAGE

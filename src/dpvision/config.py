@@ -19,6 +19,20 @@ A TOML file looks like::
     epochs = 40
     learning_rate = 16.0
 
+A config that reproduces a published result also carries a ``[reference]`` table: where the
+number comes from, the published accuracy and its ε, the band a faithful rerun should land
+in, and what the run needs that may be missing (data, hardware)::
+
+    [reference]
+    source = "Tramèr & Boneh 2021, Table 1"
+    accuracy = 0.897           # the published test accuracy, as a fraction
+    epsilon = 3.0              # the ε it was published at
+    band = [0.875, 0.915]      # our runs at that ε are flagged outside this band
+    needs = "Fashion-MNIST"    # said when the run cannot start
+    points = [[2.7, 0.895]]    # more published (ε, accuracy) of the same setup, plotted
+
+It changes nothing in the run; ``dpvision report`` reads it from the result JSONs.
+
 ``--set key=value`` overrides any field, dotted for tables (``--set learner.epochs=20``,
 ``--set preprocessing.kind=none``); values are parsed as TOML (``--set epsilon=inf``).
 Unknown keys, wrong types and out-of-range values are one-line errors naming the field.
@@ -83,6 +97,8 @@ class TrainConfig:
       pretrain: ``dp-randp``: Phase I options, used when ``learner.encoder`` is unset
         (:class:`dpvision.training.pretrain.PretrainOptions`; the model, groups and image
         shape come from the run).
+      reference: the published result this config reproduces (see the module docstring);
+        not used by the run.
     """
 
     dataset: str = "digits"
@@ -97,6 +113,7 @@ class TrainConfig:
     preprocessing: PreprocessingConfig = field(default_factory=PreprocessingConfig)
     learner: dict[str, Any] = field(default_factory=dict)
     pretrain: dict[str, Any] = field(default_factory=dict)
+    reference: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -146,7 +163,7 @@ def _build(cls: type, raw: dict[str, Any], where: str) -> Any:
             if not isinstance(value, dict):
                 raise DPVisionError(f"{where}: [preprocessing] must be a table")
             values[key] = _build(PreprocessingConfig, value, f"{where} [preprocessing]")
-        elif key in ("learner", "pretrain"):
+        elif key in ("learner", "pretrain", "reference"):
             if not isinstance(value, dict):
                 raise DPVisionError(f"{where}: [{key}] must be a table")
             values[key] = dict(value)
@@ -184,6 +201,8 @@ def validate(config: TrainConfig) -> TrainConfig:
         from dpvision.accounting import parse_accountant
 
         parse_accountant(config.accountant)
+    if config.reference:
+        check_reference(config.reference)
     if config.pretrain and config.method != "dp-randp":
         raise DPVisionError("a [pretrain] table is for --method dp-randp only")
     if config.method in ("dp-sgd", "dp-randp"):
@@ -225,6 +244,56 @@ def validate(config: TrainConfig) -> TrainConfig:
                 f"{', '.join(sorted(allowed))}"
             )
     return config
+
+
+REFERENCE_KEYS = ("source", "accuracy", "epsilon", "band", "needs", "points")
+
+
+def check_reference(reference: dict[str, Any]) -> None:
+    """One-line errors for a malformed ``[reference]`` table."""
+    unknown = sorted(set(reference) - set(REFERENCE_KEYS))
+    if unknown:
+        raise DPVisionError(
+            f"unknown key reference.{unknown[0]}; valid keys: {', '.join(REFERENCE_KEYS)}"
+        )
+    if not isinstance(reference.get("source"), str) or not reference["source"]:
+        raise DPVisionError('[reference] needs source = "where the published number is from"')
+    for key in ("needs",):
+        if key in reference and not isinstance(reference[key], str):
+            raise DPVisionError(f"reference.{key} must be a string")
+    accuracy = reference.get("accuracy")
+    if accuracy is not None and not (
+        isinstance(accuracy, int | float) and not isinstance(accuracy, bool) and 0 <= accuracy <= 1
+    ):
+        raise DPVisionError(f"reference.accuracy must be a fraction in [0, 1], got {accuracy!r}")
+    epsilon = reference.get("epsilon")
+    if epsilon is not None and not (
+        isinstance(epsilon, int | float) and not isinstance(epsilon, bool) and epsilon > 0
+    ):
+        raise DPVisionError(f"reference.epsilon must be > 0, got {epsilon!r}")
+    points = reference.get("points", [])
+    if not isinstance(points, list) or not all(
+        isinstance(p, list)
+        and len(p) == 2
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in p)
+        and p[0] > 0
+        and 0 <= p[1] <= 1
+        for p in points
+    ):
+        raise DPVisionError(
+            f"reference.points must be [[epsilon, accuracy], ...] with accuracy in [0, 1], "
+            f"got {points!r}"
+        )
+    band = reference.get("band")
+    if band is not None and not (
+        isinstance(band, list)
+        and len(band) == 2
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in band)
+        and 0 <= band[0] <= band[1] <= 1
+    ):
+        raise DPVisionError(
+            f"reference.band must be [low, high] with 0 <= low <= high <= 1, got {band!r}"
+        )
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:

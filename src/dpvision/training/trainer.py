@@ -787,6 +787,7 @@ def config_fingerprint(config: TrainConfig) -> str:
 def _significant(config: TrainConfig) -> dict[str, Any]:
     data = config.to_dict()
     data.pop("data_dir", None)
+    data.pop("reference", None)  # what the run reproduces, not how it runs
     options = dataclasses.asdict(DPSGDOptions.from_dict(config.learner))
     data["learner"] = {k: v for k, v in options.items() if k not in _RESUMABLE_CHANGES}
     if options["encoder"] is not None and Path(options["encoder"]).is_file():

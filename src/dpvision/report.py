@@ -1,0 +1,347 @@
+"""``dpvision sweep`` and ``dpvision report``: privacy-utility grids, tables and plots.
+
+:func:`sweep` runs configs over a grid of target ε and seeds and writes one result JSON per
+run (the DESIGN.md contract, the resolved config inside, ``[reference]`` included) to a
+folder; runs whose JSON is already there are skipped, so an interrupted sweep resumes.
+
+:func:`report` reads every result JSON of a folder and writes a markdown report beside one
+PNG per dataset:
+
+* a table per dataset: for each setup (method, features, model) and target ε, the median
+  test accuracy over seeds, the min–max spread, the published number beside it
+  (``[reference]``) and the difference;
+* flags: a run whose reported ε exceeds its target, and a run at the published ε whose
+  accuracy lies outside the config's ``reference.band``;
+* the privacy ledger of every run, summarised (σ, q, steps, accountant, what was released);
+* the plot: test accuracy against ε (log axis) per setup, the seeds' spread as error bars,
+  and the published points overlaid.
+
+Everything here reads results (already released models' test accuracies and ledgers):
+nothing touches private training data.
+"""
+
+import json
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from dpvision.errors import DPVisionError
+
+#: Relative slack when comparing a reported ε with its target (float printing only).
+EPSILON_SLACK = 1e-9
+#: A run is "at" a published ε when its ε is within this relative distance (a fixed-σ run
+#: reproducing a published σ lands near, not on, the published ε).
+SAME_EPSILON = 0.01
+
+
+def _same_epsilon(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=SAME_EPSILON)
+
+
+def _format_epsilon(epsilon: float) -> str:
+    return "inf" if math.isinf(epsilon) else f"{epsilon:g}".replace(".", "p")
+
+
+def sweep(
+    configs: Sequence[str | Path],
+    *,
+    epsilons: Sequence[float],
+    seeds: Sequence[int],
+    out: str | Path,
+    sets: Sequence[str] = (),
+    data_dir: str | None = None,
+    quiet: bool = False,
+) -> list[Path]:
+    """Runs every config at every target ε and seed; returns the result files (new or kept).
+
+    Privacy: each run is a separate private training of its own config (its own ledger);
+    the runs are not composed with each other, so a sweep over ε on the same data spends
+    the sum of their budgets if all the models are released.
+    """
+    from dpvision.config import resolve
+    from dpvision.pipeline import run_training, write_json_atomic
+
+    if not configs:
+        raise DPVisionError("give at least one --config")
+    if not epsilons or not seeds:
+        raise DPVisionError("give at least one ε (--epsilons) and one seed (--seeds)")
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for file in configs:
+        resolve(file, {"data_dir": data_dir}, list(sets))  # fail early on a bad config
+        for epsilon in epsilons:
+            for seed in seeds:
+                name = f"{Path(file).stem}_eps{_format_epsilon(epsilon)}_seed{seed}.json"
+                path = folder / name
+                written.append(path)
+                if path.exists():
+                    if not quiet:
+                        print(f"[dpvision] {name} exists, kept", flush=True)
+                    continue
+                config = resolve(
+                    file, {"epsilon": epsilon, "seed": seed, "data_dir": data_dir}, list(sets)
+                )
+                result = run_training(config, quiet=True)
+                result["sweep_config"] = str(file)
+                write_json_atomic(path, result)
+                if not quiet:
+                    print(
+                        f"[dpvision] {name}: test accuracy {result['test_accuracy']:.4f}, "
+                        f"ε = {result['epsilon']:.4g}",
+                        flush=True,
+                    )
+    return written
+
+
+# --- report ------------------------------------------------------------------------------
+
+
+def load_results(folders: str | Path | Sequence[str | Path]) -> list[dict[str, Any]]:
+    """Every result JSON under ``folders`` (recursively), each with its ``_file``."""
+    roots = [Path(folders)] if isinstance(folders, str | Path) else [Path(f) for f in folders]
+    results = []
+    for root in roots:
+        if not root.is_dir():
+            raise DPVisionError(f"{root}: no such folder of result JSONs")
+        for path in sorted(root.rglob("*.json")):
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if isinstance(data, dict) and {"test_accuracy", "epsilon", "config"} <= set(data):
+                relative = path.relative_to(root)
+                data["_file"] = str(relative if len(roots) == 1 else root.name / relative)
+                results.append(data)
+    if not results:
+        names = ", ".join(str(r) for r in roots)
+        raise DPVisionError(f"{names}: no dpvision result JSONs found (run dpvision sweep)")
+    return results
+
+
+def setup_label(result: dict[str, Any]) -> str:
+    """What a run trained: method, features, model and augmentation multiplicity (e.g.
+    ``dp-sgd · pixels · tanh-cnn · K=4``). Runs with the same label are one setup."""
+    label = f"{result['method']} · {result.get('features', 'pixels')}"
+    if result.get("model"):
+        label += f" · {result['model']}"
+    augmult = (result["config"].get("learner") or {}).get("augmult", 0)
+    if augmult:
+        label += f" · K={augmult}"
+    return label
+
+
+def published_points(configs: Sequence[str | Path]) -> dict[str, set[tuple[float, float, str]]]:
+    """dataset → the published (ε, accuracy, source) points of these configs' references."""
+    from dpvision.config import resolve
+
+    out: dict[str, set[tuple[float, float, str]]] = defaultdict(set)
+    for file in configs:
+        config = resolve(file)
+        out[config.dataset].update(_reference_points(config.reference))
+    return out
+
+
+def _reference_points(reference: dict[str, Any]) -> set[tuple[float, float, str]]:
+    if not reference:
+        return set()
+    points = {(float(e), float(a), reference["source"]) for e, a in reference.get("points", [])}
+    if reference.get("accuracy") is not None and reference.get("epsilon") is not None:
+        points.add((float(reference["epsilon"]), float(reference["accuracy"]), reference["source"]))
+    return points
+
+
+def target_epsilon(result: dict[str, Any]) -> float | None:
+    """The run's target ε, or None when it ran at a fixed σ."""
+    value = result["config"].get("epsilon")
+    return None if value is None else float(value)
+
+
+def run_flags(result: dict[str, Any]) -> list[str]:
+    """What is wrong with a run: ε above its target, accuracy outside the published band."""
+    flags = []
+    target = target_epsilon(result)
+    epsilon = float(result["epsilon"])
+    if target is not None and epsilon > target * (1 + EPSILON_SLACK):
+        flags.append(f"ε {epsilon:.6g} exceeds the target {target:g}")
+    reference = result["config"].get("reference") or {}
+    band = reference.get("band")
+    at = reference.get("epsilon")
+    grid = target if target is not None else epsilon
+    if band is not None and (at is None or _same_epsilon(grid, float(at))):
+        accuracy = float(result["test_accuracy"])
+        if not band[0] <= accuracy <= band[1]:
+            flags.append(
+                f"accuracy {100 * accuracy:.2f} % outside the band "
+                f"{100 * band[0]:.1f}–{100 * band[1]:.1f} %"
+            )
+    return flags
+
+
+def _groups(results: list[dict[str, Any]]) -> dict[str, dict[tuple[str, float], list[Any]]]:
+    """dataset → (setup, ε) → runs; ε is the target, or the reported ε at a fixed σ."""
+    out: dict[str, dict[tuple[str, float], list[Any]]] = defaultdict(lambda: defaultdict(list))
+    for result in results:
+        target = target_epsilon(result)
+        epsilon = target if target is not None else round(float(result["epsilon"]), 3)
+        out[result["dataset"]][(setup_label(result), epsilon)].append(result)
+    return out
+
+
+def _published(runs: list[dict[str, Any]]) -> set[tuple[float, float, str]]:
+    points: set[tuple[float, float, str]] = set()
+    for run in runs:
+        points.update(_reference_points(run["config"].get("reference") or {}))
+    return points
+
+
+def _ledger_summary(result: dict[str, Any]) -> str:
+    entries = result.get("privacy_ledger") or []
+    parts = []
+    for entry in entries:
+        sigma = entry.get("noise_multiplier")
+        what = entry.get("released", "?")
+        rate = entry.get("sample_rate", 1.0)
+        count = entry.get("count", 1)
+        noise = "no noise" if sigma is None else f"σ {sigma:.4g}"
+        parts.append(f"{count}× {what} ({noise}, q {rate:.4g})")
+    return "; ".join(parts) or "empty"
+
+
+def report(
+    folders: str | Path | Sequence[str | Path],
+    out: str | Path | None = None,
+    *,
+    references: Sequence[str | Path] = (),
+) -> dict[str, Any]:
+    """Writes the markdown report (default ``FOLDER/report.md``, the first folder) and one
+    PNG per dataset. ``references``: configs whose published points are plotted too.
+
+    Returns a summary: the report's path, the PNGs, the rows and the flagged runs.
+    """
+    from dpvision.pipeline import atomic_open
+
+    roots = [folders] if isinstance(folders, str | Path) else list(folders)
+    results = load_results(roots)
+    extra = published_points(references)
+    out_path = Path(out) if out is not None else Path(roots[0]) / "report.md"
+    where = ", ".join(f"`{r}`" for r in roots)
+    lines = ["# dpvision report", ""]
+    lines += [f"{len(results)} runs from {where}. Accuracy is test accuracy in %.", ""]
+    flagged = []
+    rows = []
+    pngs = []
+    for dataset, groups in sorted(_groups(results).items()):
+        lines += [f"## {dataset}", ""]
+        lines += [
+            "| setup | target ε | runs | median | min–max | paper | Δ (median − paper) | flags |",
+            "|---|---:|---:|---:|---:|---:|---:|---|",
+        ]
+        for (label, epsilon), runs in sorted(groups.items()):
+            accuracies = [100 * float(r["test_accuracy"]) for r in runs]
+            median = statistics.median(accuracies)
+            paper = None
+            for run in runs:
+                reference = run["config"].get("reference") or {}
+                at = reference.get("epsilon")
+                if reference.get("accuracy") is not None and (
+                    at is None or _same_epsilon(float(at), epsilon)
+                ):
+                    paper = 100 * float(reference["accuracy"])
+            run_problems = [(r["_file"], f) for r in runs for f in run_flags(r)]
+            flagged += run_problems
+            rows.append(
+                {
+                    "dataset": dataset,
+                    "setup": label,
+                    "epsilon": epsilon,
+                    "runs": len(runs),
+                    "median": median,
+                    "min": min(accuracies),
+                    "max": max(accuracies),
+                    "paper": paper,
+                    "flags": [f for _, f in run_problems],
+                }
+            )
+            lines.append(
+                f"| {label} | {epsilon:g} | {len(runs)} | {median:.2f} | "
+                f"{min(accuracies):.2f}–{max(accuracies):.2f} | "
+                f"{'—' if paper is None else f'{paper:.1f}'} | "
+                f"{'—' if paper is None else f'{median - paper:+.2f}'} | "
+                f"{'**' + '; '.join(f for _, f in run_problems) + '**' if run_problems else ''} |"
+            )
+        png = out_path.with_name(
+            f"{out_path.stem}-{dataset.replace(':', '_').replace('/', '_')}.png"
+        )
+        plot_curves(dataset, groups, png, extra.get(dataset, set()))
+        pngs.append(png)
+        lines += ["", f"![privacy-utility on {dataset}]({png.name})", ""]
+    lines += ["## Flags", ""]
+    if flagged:
+        lines += [f"- **{file}**: {flag}" for file, flag in flagged]
+    else:
+        lines.append(
+            "None: no run reports an ε above its target, and every run at a published ε "
+            "lies inside its config's band."
+        )
+    lines += ["", "## Privacy ledgers", "", "| run | ε | δ | accountant | ledger |"]
+    lines += ["|---|---:|---:|---|---|"]
+    for result in results:
+        lines.append(
+            f"| {result['_file']} | {float(result['epsilon']):.4g} | {result.get('delta', '')} | "
+            f"{result.get('accountant', '')} | {_ledger_summary(result)} |"
+        )
+    lines.append("")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_open(out_path, "w") as handle:
+        handle.write("\n".join(lines))
+    return {"report": out_path, "plots": pngs, "rows": rows, "flagged": flagged}
+
+
+def plot_curves(
+    dataset: str,
+    groups: dict[tuple[str, float], list[dict[str, Any]]],
+    path: Path,
+    published: set[tuple[float, float, str]] | None = None,
+) -> None:
+    """Accuracy against ε (log axis) per setup, with the seeds' spread and published points."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from dpvision.pipeline import atomic_open
+
+    by_setup: dict[str, list[tuple[float, list[float]]]] = defaultdict(list)
+    published = set(published or ())
+    for (label, epsilon), runs in groups.items():
+        if math.isfinite(epsilon):
+            by_setup[label].append((epsilon, [100 * float(r["test_accuracy"]) for r in runs]))
+        published.update(_published(runs))
+    figure, axes = plt.subplots(figsize=(7.5, 4.8), dpi=120)
+    for label, points in sorted(by_setup.items()):
+        points.sort()
+        xs = [e for e, _ in points]
+        medians = [statistics.median(a) for _, a in points]
+        low = [m - min(a) for m, (_, a) in zip(medians, points, strict=True)]
+        high = [max(a) - m for m, (_, a) in zip(medians, points, strict=True)]
+        axes.errorbar(xs, medians, yerr=[low, high], marker="o", capsize=3, label=label)
+    for source in sorted({s for _, _, s in published}):
+        xs = [e for e, _, s in published if s == source]
+        ys = [100 * a for _, a, s in published if s == source]
+        axes.scatter(
+            xs, ys, marker="*", s=160, zorder=5, edgecolors="black", label=f"published: {source}"
+        )
+    axes.set_xscale("log")
+    axes.set_xlabel("ε (log scale)")
+    axes.set_ylabel("test accuracy (%)")
+    axes.set_title(f"{dataset}: privacy-utility (median over seeds, bars: min–max)")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(fontsize=8, loc="lower right")
+    figure.tight_layout()
+    with atomic_open(path, "wb") as handle:
+        figure.savefig(handle, format="png")
+    plt.close(figure)

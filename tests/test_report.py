@@ -1,0 +1,174 @@
+"""``dpvision sweep`` and ``dpvision report``: the grid, the tables, the flags, the plot."""
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from dpvision.cli import main
+from dpvision.config import resolve
+from dpvision.errors import DPVisionError
+from dpvision.report import load_results, report, run_flags, sweep
+
+
+def _write_config(path: Path, method: str, reference: dict[str, Any] | None = None) -> Path:
+    lines = [
+        'dataset = "digits"',
+        f'method = "{method}"',
+        "epsilon = 3.0",
+        "",
+        "[learner]",
+        "clip_norm = 8.0" if method == "dp-ls" else "clip_norm = 1.0",
+    ]
+    if method == "dp-sgd-linear":
+        lines += ["batch_size = 256", "epochs = 2", "learning_rate = 0.5"]
+    if reference is not None:
+        lines += ["", "[reference]"]
+        lines += [f"{key} = {json.dumps(value)}" for key, value in reference.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+REFERENCE = {"source": "a paper, Table 1", "accuracy": 0.9, "epsilon": 1.0, "band": [0.5, 1.0]}
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("sweep")
+    configs = [
+        _write_config(folder / "ls.toml", "dp-ls", REFERENCE),
+        _write_config(folder / "sgd.toml", "dp-sgd-linear"),
+    ]
+    sweep(configs, epsilons=[0.5, 1.0, 3.0], seeds=[0, 1], out=folder / "results", quiet=True)
+    return folder / "results"
+
+
+def test_sweep_writes_one_result_per_config_epsilon_and_seed(swept: Path) -> None:
+    files = sorted(p.name for p in swept.glob("*.json"))
+    assert len(files) == 12
+    assert "ls_eps0p5_seed1.json" in files
+    result = json.loads((swept / "sgd_eps3_seed0.json").read_text())
+    assert result["config"]["epsilon"] == 3.0
+    assert result["config"]["seed"] == 0
+    assert result["epsilon"] <= 3.0
+
+
+def test_sweep_keeps_finished_runs(swept: Path, tmp_path: Path) -> None:
+    before = {p.name: p.stat().st_mtime_ns for p in swept.glob("*.json")}
+    config = _write_config(tmp_path / "ls.toml", "dp-ls", REFERENCE)
+    sweep([config], epsilons=[0.5, 1.0, 3.0], seeds=[0, 1], out=swept, quiet=True)
+    assert {p.name: p.stat().st_mtime_ns for p in swept.glob("*.json")} == before
+
+
+def test_report_tables_plot_and_ledgers(swept: Path, tmp_path: Path) -> None:
+    summary = report(swept, tmp_path / "report.md")
+    text = (tmp_path / "report.md").read_text()
+    assert len(summary["rows"]) == 6  # 2 setups × 3 ε
+    row = next(r for r in summary["rows"] if r["setup"] == "dp-ls · pixels" and r["epsilon"] == 1)
+    assert row["runs"] == 2
+    assert row["paper"] == pytest.approx(90.0)
+    assert row["min"] <= row["median"] <= row["max"]
+    assert f"| dp-ls · pixels | 1 | 2 | {row['median']:.2f} |" in text
+    assert "| 90.0 |" in text
+    assert "## Privacy ledgers" in text
+    assert "DP-LS G" in text  # what each run released
+    assert summary["flagged"] == []
+    (png,) = summary["plots"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with Image.open(png) as image:
+        assert image.size[0] > 600
+        pixels = np.asarray(image.convert("L"))
+    assert pixels.std() > 10  # something is drawn
+
+
+def test_report_takes_several_folders_and_published_points(swept: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "cnn.json").write_text(json.dumps(_fake(0.9, 1.0, 0.6, None)))
+    config = _write_config(
+        tmp_path / "paper.toml",
+        "dp-ls",
+        {"source": "paper B", "accuracy": 0.95, "epsilon": 2.0, "points": [[4.0, 0.97]]},
+    )
+    summary = report([swept, other], tmp_path / "all.md", references=[config])
+    assert {row["dataset"] for row in summary["rows"]} == {"digits", "toy"}
+    assert len(summary["plots"]) == 2
+    assert "other/cnn.json" in (tmp_path / "all.md").read_text()
+    from dpvision.report import published_points
+
+    assert published_points([config])["digits"] == {(2.0, 0.95, "paper B"), (4.0, 0.97, "paper B")}
+
+
+def _fake(epsilon: float, target: float | None, accuracy: float, band: list[float] | None):
+    reference = {"source": "x", "accuracy": 0.8, "epsilon": 3.0}
+    if band is not None:
+        reference["band"] = band
+    return {
+        "dataset": "toy",
+        "method": "dp-ls",
+        "features": "pixels",
+        "test_accuracy": accuracy,
+        "epsilon": epsilon,
+        "config": {"epsilon": target, "reference": reference},
+        "privacy_ledger": [],
+    }
+
+
+def test_flags_catch_epsilon_over_target_and_accuracy_outside_the_band() -> None:
+    assert run_flags(_fake(2.9999, 3.0, 0.8, [0.75, 0.85])) == []
+    (flag,) = run_flags(_fake(3.0001, 3.0, 0.8, [0.75, 0.85]))
+    assert "exceeds the target 3" in flag
+    (flag,) = run_flags(_fake(2.99, 3.0, 0.70, [0.75, 0.85]))
+    assert "outside the band 75.0–85.0 %" in flag
+    # The band belongs to the published ε: a run at another ε is not held to it.
+    assert run_flags(_fake(0.99, 1.0, 0.5, [0.75, 0.85])) == []
+    # A fixed-σ run is held to the band when its ε is the published one (to 1 %).
+    assert run_flags(_fake(3.0026, None, 0.5, [0.75, 0.85]))
+
+
+def test_report_lists_flagged_runs(tmp_path: Path) -> None:
+    (tmp_path / "bad.json").write_text(json.dumps(_fake(3.5, 3.0, 0.5, [0.75, 0.85])))
+    (tmp_path / "notes.json").write_text('{"not": "a result"}')
+    summary = report(tmp_path)
+    assert len(summary["flagged"]) == 2
+    text = (tmp_path / "report.md").read_text()
+    assert "**bad.json**: ε 3.5 exceeds the target 3" in text
+    assert len(load_results(tmp_path)) == 1
+
+
+def test_reference_tables_are_validated(tmp_path: Path) -> None:
+    bad = [
+        ({"accuracy": 0.9}, "needs source"),
+        ({"source": "s", "accuracy": 90}, "fraction in"),
+        ({"source": "s", "band": [0.9, 0.8]}, "band must be"),
+        ({"source": "s", "year": 2021}, "unknown key reference.year"),
+    ]
+    for reference, message in bad:
+        path = _write_config(tmp_path / "c.toml", "dp-ls", reference)
+        with pytest.raises(DPVisionError, match=message):
+            resolve(path)
+
+
+def test_a_config_that_needs_missing_data_says_how_to_run_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _write_config(tmp_path / "c.toml", "dp-ls", {"source": "s", "needs": "CIFAR-10"})
+    top = f'dataset = "cifar10"\ndata_dir = "{tmp_path / "nowhere"}"\n'
+    path.write_text(top + path.read_text().replace('dataset = "digits"\n', ""))
+    assert main(["train", "--config", str(path), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "this config needs CIFAR-10; where it is, run: dpvision train --config" in err
+    assert err.count("\n") == 1
+
+
+def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    assert "no such folder" in capsys.readouterr().err
+    assert main(["report", str(tmp_path)]) == 2
+    assert "no dpvision result JSONs" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["sweep", "--config", "x.toml", "--epsilons", "a,b", "--out", str(tmp_path)])
+    assert exit_info.value.code == 2

@@ -91,7 +91,7 @@ def test_report_takes_several_folders_and_published_points(swept: Path, tmp_path
     config = _write_config(
         tmp_path / "paper.toml",
         "dp-ls",
-        {"source": "paper B", "accuracy": 0.95, "epsilon": 2.0, "points": [[4.0, 0.97]]},
+        {"source": "paper B", "accuracy": 0.95, "epsilon": 3.0, "points": [[4.0, 0.97]]},
     )
     summary = report([swept, other], tmp_path / "all.md", references=[config])
     assert {row["dataset"] for row in summary["rows"]} == {"digits", "toy"}
@@ -99,7 +99,13 @@ def test_report_takes_several_folders_and_published_points(swept: Path, tmp_path
     assert "other/cnn.json" in (tmp_path / "all.md").read_text()
     from dpvision.report import published_points
 
-    assert published_points([config])["digits"] == {(2.0, 0.95, "paper B"), (4.0, 0.97, "paper B")}
+    expected = {(3.0, 0.95, "paper B"), (4.0, 0.97, "paper B")}
+    assert published_points([config])[("digits", "dp-ls · pixels")] == expected
+    # The reference config's number fills the paper column of the matching setup and ε.
+    row = next(r for r in summary["rows"] if r["setup"] == "dp-ls · pixels" and r["epsilon"] == 3)
+    assert row["paper"] == pytest.approx(95.0)
+    other_setup = [r for r in summary["rows"] if r["setup"] == "dp-sgd-linear · pixels"]
+    assert all(r["paper"] is None for r in other_setup)
 
 
 def _fake(epsilon: float, target: float | None, accuracy: float, band: list[float] | None):

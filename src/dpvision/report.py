@@ -134,14 +134,23 @@ def setup_label(result: dict[str, Any]) -> str:
     return label
 
 
-def published_points(configs: Sequence[str | Path]) -> dict[str, set[tuple[float, float, str]]]:
-    """dataset → the published (ε, accuracy, source) points of these configs' references."""
+def published_points(
+    configs: Sequence[str | Path],
+) -> dict[tuple[str, str], set[tuple[float, float, str]]]:
+    """(dataset, setup) → the published (ε, accuracy, source) points of these configs'
+    ``[reference]`` tables; the setup is labelled as :func:`setup_label` labels runs."""
     from dpvision.config import resolve
 
-    out: dict[str, set[tuple[float, float, str]]] = defaultdict(set)
+    out: dict[tuple[str, str], set[tuple[float, float, str]]] = defaultdict(set)
     for file in configs:
         config = resolve(file)
-        out[config.dataset].update(_reference_points(config.reference))
+        as_run = {
+            "method": config.method,
+            "features": config.features,
+            "model": config.learner.get("model"),
+            "config": config.to_dict(),
+        }
+        out[(config.dataset, setup_label(as_run))].update(_reference_points(config.reference))
     return out
 
 
@@ -244,6 +253,9 @@ def report(
             accuracies = [100 * float(r["test_accuracy"]) for r in runs]
             median = statistics.median(accuracies)
             paper = None
+            for at, accuracy, _ in sorted(extra.get((dataset, label), ())):
+                if _same_epsilon(at, epsilon):
+                    paper = 100 * accuracy
             for run in runs:
                 reference = run["config"].get("reference") or {}
                 at = reference.get("epsilon")
@@ -276,7 +288,8 @@ def report(
         png = out_path.with_name(
             f"{out_path.stem}-{dataset.replace(':', '_').replace('/', '_')}.png"
         )
-        plot_curves(dataset, groups, png, extra.get(dataset, set()))
+        points = set().union(*(v for (d, _), v in extra.items() if d == dataset))
+        plot_curves(dataset, groups, png, points)
         pngs.append(png)
         lines += ["", f"![privacy-utility on {dataset}]({png.name})", ""]
     lines += ["## Flags", ""]
@@ -321,26 +334,35 @@ def plot_curves(
         if math.isfinite(epsilon):
             by_setup[label].append((epsilon, [100 * float(r["test_accuracy"]) for r in runs]))
         published.update(_published(runs))
-    figure, axes = plt.subplots(figsize=(7.5, 4.8), dpi=120)
+    figure, axes = plt.subplots(figsize=(8, 6), dpi=120)
+    ticks: set[float] = set()
     for label, points in sorted(by_setup.items()):
         points.sort()
         xs = [e for e, _ in points]
+        ticks.update(xs)
         medians = [statistics.median(a) for _, a in points]
         low = [m - min(a) for m, (_, a) in zip(medians, points, strict=True)]
         high = [max(a) - m for m, (_, a) in zip(medians, points, strict=True)]
         axes.errorbar(xs, medians, yerr=[low, high], marker="o", capsize=3, label=label)
-    for source in sorted({s for _, _, s in published}):
+    # Published points in black, one marker shape per source, so they never read as runs.
+    for source, marker in zip(sorted({s for _, _, s in published}), "*DP^sXv", strict=False):
         xs = [e for e, _, s in published if s == source]
         ys = [100 * a for _, a, s in published if s == source]
+        ticks.update(xs)
+        size = 170 if marker == "*" else 70
         axes.scatter(
-            xs, ys, marker="*", s=160, zorder=5, edgecolors="black", label=f"published: {source}"
+            xs, ys, marker=marker, s=size, color="black", zorder=5, label=f"published: {source}"
         )
     axes.set_xscale("log")
-    axes.set_xlabel("ε (log scale)")
+    if ticks:
+        axes.set_xticks(sorted(ticks))
+        axes.set_xticklabels([f"{t:g}" for t in sorted(ticks)])
+        axes.minorticks_off()
+    axes.set_xlabel("ε (log scale), δ as in each config")
     axes.set_ylabel("test accuracy (%)")
     axes.set_title(f"{dataset}: privacy-utility (median over seeds, bars: min–max)")
-    axes.grid(True, which="both", alpha=0.3)
-    axes.legend(fontsize=8, loc="lower right")
+    axes.grid(True, which="major", alpha=0.3)
+    axes.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     figure.tight_layout()
     with atomic_open(path, "wb") as handle:
         figure.savefig(handle, format="png")

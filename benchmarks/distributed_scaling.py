@@ -75,15 +75,9 @@ def log(message: str) -> None:
 def torchrun(processes: int, threads: int, args: list[str]) -> float:
     """Runs ``args`` under torchrun; returns the wall seconds of the whole launch."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        str(processes),
-        *args,
-    ]
+    from dpvision.distributed import torchrun_command
+
+    command = torchrun_command(processes, *args)
     start = time.perf_counter()
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     if done.returncode != 0:

@@ -27,6 +27,7 @@ Without ``torchrun`` (or with one process) :func:`current` returns the single-pr
 import datetime
 import os
 import pickle
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -174,6 +175,20 @@ def current() -> Workers:
 def launched_by_torchrun() -> bool:
     """Whether the environment asks for more than one process (``WORLD_SIZE`` > 1)."""
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def torchrun_command(processes: int, *args: str) -> list[str]:
+    """The command line that runs ``args`` (a script and its arguments, or ``-m module
+    ...``) as ``processes`` processes on this machine under torchrun."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(processes),
+        *args,
+    ]
 
 
 def init_from_env(timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> Workers:

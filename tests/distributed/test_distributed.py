@@ -7,7 +7,6 @@ variance is checked, and the check is shown to reject noise added per worker.
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ from distributed_worker import (
 
 from dpvision.cli import main
 from dpvision.config import resolve
-from dpvision.distributed import Workers
+from dpvision.distributed import Workers, torchrun_command
 from dpvision.pipeline import run_training
 from dpvision.training.options import DPSGDOptions
 from dpvision.training.trainer import _Data, _micro_batches
@@ -32,15 +31,7 @@ WORKER = Path(__file__).with_name("distributed_worker.py")
 
 
 def _torchrun(*args: str, processes: int = 2, timeout: float = 300) -> None:
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node",
-        str(processes),
-        *args,
-    ]
+    command = torchrun_command(processes, *args)
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
 

@@ -208,6 +208,12 @@ def validate(config: TrainConfig) -> TrainConfig:
     if config.method in ("dp-sgd", "dp-randp"):
         from dpvision.training.options import DPSGDOptions
 
+        if config.features.strip().startswith("precomputed"):
+            raise DPVisionError(
+                f"{config.method} trains on images or their feature maps; precomputed "
+                "feature vectors serve dp-ls, dp-newton, dp-fc and dp-sgd-linear"
+            )
+
         options = DPSGDOptions.from_dict(config.learner)
         if config.method == "dp-sgd" and options.is_transfer:
             raise DPVisionError(

@@ -126,12 +126,24 @@ def run_training(
     significant = {k: v for k, v in config.to_dict().items() if k != "data_dir"}
     workers.check_agree(significant, "the configuration")
     spec = parse_feature_spec(config.features)
-    _say(f"loading dataset {config.dataset}", quiet)
-    dataset = load_dataset(config.dataset, config.data_dir)
-    _say(f"features {config.features} for {dataset.num_train} + {dataset.num_test} images", quiet)
-    # Under torchrun rank 0 extracts and caches the features, then the others read them.
-    train, test = workers.main_first(lambda: load_or_extract(dataset, spec, progress=not quiet))
-    channels = _channels(config, dataset, spec)
+    if spec.name == "precomputed":
+        from dpvision.features.precomputed import load_feature_files
+
+        assert spec.path is not None  # checked by FeatureSpec
+        _say(f"reading precomputed features of {config.dataset} from {spec.path}", quiet)
+        dataset: Any = load_feature_files(spec.path, config.dataset)
+        train, test = dataset.train, dataset.test
+        channels = config.preprocessing.channels or 1  # vectors: no channel structure
+    else:
+        _say(f"loading dataset {config.dataset}", quiet)
+        dataset = load_dataset(config.dataset, config.data_dir)
+        _say(
+            f"features {config.features} for {dataset.num_train} + {dataset.num_test} images",
+            quiet,
+        )
+        # Under torchrun rank 0 extracts and caches the features, then the others read them.
+        train, test = workers.main_first(lambda: load_or_extract(dataset, spec, progress=not quiet))
+        channels = _channels(config, dataset, spec)
     _say(
         f"training {config.method} on {train.shape[1]} features "
         f"(target ε = {config.epsilon if config.epsilon is not None else 'from σ'}, "

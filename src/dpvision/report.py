@@ -122,15 +122,33 @@ def load_results(folders: str | Path | Sequence[str | Path]) -> list[dict[str, A
     return results
 
 
+#: The learner option that sets a feature learner's training length, shown as ``E=…``:
+#: Mehta et al. report DP-Newton, DP-FC and DP-Adam at 1, 10 and 100 epochs as separate setups.
+_LENGTH_OPTION = {"dp-fc": "epochs", "dp-newton": "iterations", "dp-sgd-linear": "epochs"}
+
+
 def setup_label(result: dict[str, Any]) -> str:
-    """What a run trained: method, features, model and augmentation multiplicity (e.g.
-    ``dp-sgd · pixels · tanh-cnn · K=4``). Runs with the same label are one setup."""
-    label = f"{result['method']} · {result.get('features', 'pixels')}"
+    """What a run trained: method, features, model, augmentation multiplicity and, for the
+    iterative feature learners, the number of epochs (e.g. ``dp-sgd · pixels · tanh-cnn ·
+    K=4``, ``dp-fc · vit-b16-i21k · E=10``). Runs with the same label are one setup.
+
+    Precomputed features are named by their folder (``precomputed:path=features/cifar10/
+    vit-b16-i21k`` is ``vit-b16-i21k``)."""
+    features = str(result.get("features", "pixels"))
+    if features.startswith("precomputed:"):
+        features = Path(features.partition("path=")[2].split(",")[0].rstrip("/")).name
+    label = f"{result['method']} · {features}"
     if result.get("model"):
         label += f" · {result['model']}"
-    augmult = (result["config"].get("learner") or {}).get("augmult", 0)
-    if augmult:
-        label += f" · K={augmult}"
+    learner = result["config"].get("learner") or {}
+    if learner.get("augmult", 0):
+        label += f" · K={learner['augmult']}"
+    option = _LENGTH_OPTION.get(result["method"])
+    if option is not None:
+        from dpvision.learners import LEARNERS
+
+        length = learner.get(option, LEARNERS[result["method"]]().get_params()[option])
+        label += f" · E={length:g}"
     return label
 
 

@@ -181,6 +181,11 @@ def run_audit(
     from dpvision.features import Progress
 
     start = time.perf_counter()
+    if config.features.strip().startswith("precomputed"):
+        raise DPVisionError(
+            "the audit inserts a canary image and extracts its features; precomputed feature "
+            "vectors have no images: audit with pixels, scatternet or encoder features"
+        )
     delta = settings.delta if settings.delta is not None else 1 / settings.dataset_size
     config = dataclasses.replace(config, delta=delta)
     dataset = load_dataset(config.dataset, config.data_dir)

@@ -31,7 +31,14 @@ from dpvision.data import cifar, digits, idx, imagefolder, npzfiles, sources
 from dpvision.data.core import ImageDataset
 from dpvision.errors import DPVisionError
 
-__all__ = ["DATASETS", "PATH_PREFIXES", "DatasetInfo", "available_datasets", "load_dataset"]
+__all__ = [
+    "DATASETS",
+    "PATH_PREFIXES",
+    "DatasetInfo",
+    "available_datasets",
+    "dataset_info",
+    "load_dataset",
+]
 
 _DIGIT_NAMES = tuple(str(d) for d in range(10))
 _IDX_EXPECTED = ", ".join(f"{stem}[.gz]" for stem in idx.MNIST_FILES.values())
@@ -109,6 +116,12 @@ _ALIASES = {
     "cifar-10": "cifar10",
     "cifar-100": "cifar100",
 }
+
+
+def dataset_info(name: str) -> DatasetInfo | None:
+    """The named dataset ``name`` stands for (aliases and case allowed), or ``None``."""
+    lowered = name.strip().lower()
+    return DATASETS.get(_ALIASES.get(lowered, lowered))
 
 
 def available_datasets() -> tuple[str, ...]:

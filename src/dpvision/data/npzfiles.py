@@ -34,6 +34,7 @@ __all__ = [
     "find_medmnist_file",
     "load_array_npz",
     "load_medmnist",
+    "read_npy",
     "read_npz",
 ]
 
@@ -263,6 +264,27 @@ def _convert(
     return out[0], out[1], out[2], out[3]
 
 
+def read_npy(file: Path, *, mmap: bool, fix: str) -> np.ndarray:
+    """Opens one ``.npy`` file (never pickled), memory-mapped read-only when ``mmap``.
+
+    Raises:
+        DPVisionError: If the file is missing or not a readable ``.npy`` array; the message
+            ends with ``fix``.
+    """
+    if not file.is_file():
+        raise DPVisionError(f"{file}: no such file; {fix}")
+    try:
+        array: np.ndarray = np.load(file, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as exc:
+        raise DPVisionError(
+            f"{file}: not a readable .npy array ({_first_line(exc)}); {fix}"
+        ) from None
+    if not isinstance(array, np.ndarray):  # an .npz archive saved under a .npy name
+        array.close()
+        raise DPVisionError(f"{file}: an .npz archive, not one .npy array; {fix}")
+    return array
+
+
 def load_array_folder(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
     """Reads a ``npy:DIR`` dataset: ``x_train.npy``, ``y_train.npy``, ``x_test.npy`` and
     ``y_test.npy`` in one folder, the images **memory-mapped** (read-only), not loaded.
@@ -283,16 +305,7 @@ def load_array_folder(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
     arrays = {}
     for key in ARRAY_KEYS:
         file = path / f"{key}.npy"
-        if not file.is_file():
-            raise DPVisionError(f"{file}: no such file; {fix}")
-        try:
-            array = np.load(
-                file, mmap_mode="r" if key.startswith("x") else None, allow_pickle=False
-            )
-        except (OSError, ValueError, EOFError) as exc:
-            raise DPVisionError(
-                f"{file}: not a readable .npy array ({_first_line(exc)}); {fix}"
-            ) from None
+        array = read_npy(file, mmap=key.startswith("x"), fix=fix)
         if key.startswith("x") and array.dtype != np.uint8:
             raise DPVisionError(
                 f"{file}: memory-mapped images must be uint8, got {array.dtype}; {fix}"

@@ -60,6 +60,11 @@ def feature_shape(image_shape: tuple[int, ...], spec: FeatureSpec) -> tuple[int,
     Raises:
         DPVisionError: If the image shape does not suit the extractor.
     """
+    if spec.name == "precomputed":
+        raise DPVisionError(
+            "precomputed features are read from their folder, not extracted from images; "
+            "they serve the feature learners (dp-ls, dp-newton, dp-fc, dp-sgd-linear) only"
+        )
     height, width, channels = (int(size) for size in image_shape)
     if spec.name == "pixels":
         maps = (channels, height, width)

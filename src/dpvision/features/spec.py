@@ -25,8 +25,9 @@ from dpvision.errors import DPVisionError
 
 __all__ = ["FEATURE_NAMES", "FeatureSpec", "format_feature_spec", "parse_feature_spec"]
 
-FEATURE_NAMES: tuple[str, ...] = ("pixels", "scatternet", "encoder")
-"""The extractors that :class:`FeatureSpec` can name."""
+FEATURE_NAMES: tuple[str, ...] = ("pixels", "scatternet", "encoder", "precomputed")
+"""The extractors that :class:`FeatureSpec` can name (``precomputed``: vectors read from
+files, :mod:`dpvision.features.precomputed`)."""
 
 _SCATTERNET_ONLY = ("scales", "angles", "max_order")
 ENCODER_ONLY = ("path", "layers", "grid", "norm")
@@ -52,11 +53,13 @@ class FeatureSpec:
     For ``encoder`` (a pre-trained body, :mod:`dpvision.features.backbone`) the extractor
     returns vectors, laid out as ``(D, 1, 1)`` maps (every feature is a channel); ``pool``
     does not apply (``grid`` pools each layer's maps instead) and ``norm`` rescales the final
-    vector (after any projection).
+    vector (after any projection). ``precomputed`` (vectors made elsewhere, read from the
+    folder ``path``) takes ``path`` alone: nothing is extracted or reduced.
 
     Attributes:
-        name: ``"pixels"`` (``[0, 1]`` pixels), ``"scatternet"`` (2-D scattering transform)
-            or ``"encoder"`` (the embeddings of a pre-trained encoder file).
+        name: ``"pixels"`` (``[0, 1]`` pixels), ``"scatternet"`` (2-D scattering transform),
+            ``"encoder"`` (the embeddings of a pre-trained encoder file) or ``"precomputed"``
+            (feature vectors read from ``.npy`` files).
         pool: Window (and stride) of the spatial average pooling; 1 means no pooling. Windows
             that overhang the border average the positions they cover.
         projection_dim: If set, project the flattened features to this many dimensions with
@@ -66,7 +69,9 @@ class FeatureSpec:
         scales: ScatterNet only: number of scales ``J``; the maps are ``H / 2**J`` wide.
         angles: ScatterNet only: number of orientations ``L``.
         max_order: ScatterNet only: scattering order, 1 or 2.
-        path: Encoder only (required): the encoder file (``dpvision pretrain``); no commas.
+        path: Encoder and precomputed only (required): the encoder file (``dpvision
+            pretrain``), or the folder of ``x_train.npy``, ``y_train.npy``, ``x_test.npy``
+            and ``y_test.npy``; no commas.
         layers: Encoder only: ``"embedding"`` (the input of the head), ``"blocks"`` (every
             block of the body, DP-RandP App. G) or module names joined by ``+``.
         grid: Encoder only: each layer's 4-d output is average-pooled to ``grid × grid``.
@@ -118,7 +123,25 @@ class FeatureSpec:
                         f"{key} applies to scatternet features only; remove it from the "
                         f"{self.name} spec"
                     )
-        self._check_encoder_fields()
+        if self.name == "precomputed":
+            self._check_precomputed_fields()
+        else:
+            self._check_encoder_fields()
+
+    def _check_precomputed_fields(self) -> None:
+        """``precomputed`` takes ``path`` (required) and nothing else (one-line errors)."""
+        defaults = _defaults()
+        for key in _field_types():
+            if key != "path" and getattr(self, key) != defaults[key]:
+                raise DPVisionError(
+                    f"{key} does not apply to precomputed features (they are read as they "
+                    "are); write precomputed:path=DIR alone"
+                )
+        if not isinstance(self.path, str) or not self.path.strip():
+            raise DPVisionError(
+                "precomputed features need their folder: write precomputed:path=DIR (DIR holds "
+                "x_train.npy, y_train.npy, x_test.npy, y_test.npy)"
+            )
 
     def _check_encoder_fields(self) -> None:
         """Validates ``path``, ``layers``, ``grid`` and ``norm`` (one-line errors)."""

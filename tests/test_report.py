@@ -178,3 +178,19 @@ def test_cli_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
     with pytest.raises(SystemExit) as exit_info:
         main(["sweep", "--config", "x.toml", "--epsilons", "a,b", "--out", str(tmp_path)])
     assert exit_info.value.code == 2
+
+
+def test_setups_differ_by_training_length_and_name_precomputed_folders() -> None:
+    """Mehta et al.'s DP-FC at 1 and at 10 epochs are two setups, not one."""
+    from dpvision.report import setup_label
+
+    def run(method: str, features: str, learner: dict[str, object]) -> dict[str, object]:
+        return {"method": method, "features": features, "config": {"learner": learner}}
+
+    folder = "precomputed:path=features/cifar10/vit-b16-i21k/"
+    one = setup_label(run("dp-fc", folder, {"epochs": 1}))
+    ten = setup_label(run("dp-fc", folder, {"epochs": 10}))
+    assert (one, ten) == ("dp-fc · vit-b16-i21k · E=1", "dp-fc · vit-b16-i21k · E=10")
+    assert setup_label(run("dp-fc", "pixels", {})) == "dp-fc · pixels · E=10"  # the default
+    assert setup_label(run("dp-newton", "pixels", {"iterations": 3})) == "dp-newton · pixels · E=3"
+    assert setup_label(run("dp-ls", "pixels", {"epochs": 5})) == "dp-ls · pixels"

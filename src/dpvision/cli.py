@@ -123,7 +123,8 @@ def _add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--features",
-        help="pixels, scatternet or encoder:path=FILE (e.g. scatternet:pool=2)",
+        help="pixels, scatternet, encoder:path=FILE or precomputed:path=DIR (vectors in "
+        "x_train.npy, y_train.npy, x_test.npy, y_test.npy) (e.g. scatternet:pool=2)",
     )
     parser.add_argument(
         "--epsilon",

@@ -12,6 +12,8 @@ it. Its fields are the whole description of the features, so they also form the 
 >>> spec = parse_feature_spec("encoder:path=/tmp/enc.pt,layers=blocks,grid=2,norm=50")
 >>> spec.path, spec.layers, spec.grid, spec.norm
 ('/tmp/enc.pt', 'blocks', 2, 50.0)
+>>> parse_feature_spec("precomputed:path=features/cifar10/vit-b16-i21k").path
+'features/cifar10/vit-b16-i21k'
 """
 
 from __future__ import annotations

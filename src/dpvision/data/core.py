@@ -22,8 +22,25 @@ if TYPE_CHECKING:
 __all__ = ["ImageDataset", "images_to_float", "images_to_tensor"]
 
 
+class LabelledSplits:
+    """The sizes of a dataset's train and test splits, read from its labels."""
+
+    train_labels: np.ndarray
+    test_labels: np.ndarray
+
+    @property
+    def num_train(self) -> int:
+        """Number of training examples."""
+        return len(self.train_labels)
+
+    @property
+    def num_test(self) -> int:
+        """Number of test examples."""
+        return len(self.test_labels)
+
+
 @dataclass(frozen=True, eq=False)
-class ImageDataset:
+class ImageDataset(LabelledSplits):
     """A labelled image classification dataset with a fixed train/test split.
 
     Treat the arrays as read-only: they are shared by every user of the dataset object.
@@ -94,16 +111,6 @@ class ImageDataset:
         """The shape ``(H, W, C)`` of one image."""
         height, width, channels = self.train_images.shape[1:]
         return int(height), int(width), int(channels)
-
-    @property
-    def num_train(self) -> int:
-        """Number of training examples."""
-        return len(self.train_labels)
-
-    @property
-    def num_test(self) -> int:
-        """Number of test examples."""
-        return len(self.test_labels)
 
     def __repr__(self) -> str:
         """A summary without the pixel data."""

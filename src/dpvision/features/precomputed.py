@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from dpvision.data.core import LabelledSplits
 from dpvision.data.npzfiles import ARRAY_KEYS, as_labels, read_npy
 from dpvision.errors import DPVisionError
 
@@ -36,7 +37,7 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 @dataclass(frozen=True, eq=False)
-class FeatureFiles:
+class FeatureFiles(LabelledSplits):
     """The train and test features of one dataset, read from a ``precomputed`` folder.
 
     Attributes:
@@ -55,16 +56,6 @@ class FeatureFiles:
     test: np.ndarray
     test_labels: np.ndarray
     num_classes: int
-
-    @property
-    def num_train(self) -> int:
-        """Number of training examples."""
-        return len(self.train_labels)
-
-    @property
-    def num_test(self) -> int:
-        """Number of test examples."""
-        return len(self.test_labels)
 
 
 def load_feature_files(path: str | Path, dataset: str) -> FeatureFiles:

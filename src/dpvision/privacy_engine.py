@@ -41,7 +41,9 @@ layers that book-keeping supports (``nn.Linear``, ``nn.Conv2d``, ``WSConv2d``, a
 """
 
 import math
+import warnings
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -54,7 +56,13 @@ from dpvision.accounting.accountants import Accountant
 from dpvision.errors import DPVisionError
 from dpvision.mechanisms import PoissonSampler
 from dpvision.models import validate_model
-from dpvision.training.bookkeeping import ActivationTape, clip_terms, unsupported_layers
+from dpvision.training.batch_layout import batch_tensor, check_batch_layout, signature
+from dpvision.training.bookkeeping import (
+    ActivationTape,
+    clip_terms,
+    unclipped_mismatch,
+    unsupported_layers,
+)
 from dpvision.training.engine import ParameterEMA, privatize_gradients
 from dpvision.training.layer_gradients import layer_terms
 
@@ -67,6 +75,12 @@ class PrivateModule(nn.Module):
 
     ``forward`` is the wrapped module's; the module itself is ``_module`` (as in Opacus'
     ``GradSampleModule``), so its ``state_dict`` keys carry a ``_module.`` prefix.
+
+    Each forward pass with autograd on is one pass over the examples of its first tensor
+    argument (rows first, K consecutive rows per example). The first pass of every input
+    shape is probed (:mod:`dpvision.training.batch_layout`): a layer that does not see one
+    row per example, or an output that mixes examples, is refused there, and the coming
+    backward pass checks that every parameter gets its whole gradient through its layer.
     """
 
     def __init__(self, module: nn.Module, tape: ActivationTape, views: int) -> None:
@@ -74,20 +88,55 @@ class PrivateModule(nn.Module):
         self._module = module
         self._tape = tape
         self.views = views
+        self._checked: set[Any] = set()
+        self._same_examples = False
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Calls the wrapped module; with K views, rows must come in whole examples."""
-        rows = args[0].shape[0] if args and isinstance(args[0], torch.Tensor) else None
-        if rows is not None and rows % self.views:
+        if not torch.is_grad_enabled():  # evaluation: nothing is recorded
+            return self._module(*args, **kwargs)
+        batch = batch_tensor(args, kwargs)
+        if batch is None or batch.dim() == 0:
+            raise DPVisionError(
+                "the private module needs the examples as a tensor argument, one row each"
+            )
+        rows = batch.shape[0]
+        if rows % self.views:
             raise DPVisionError(
                 f"the batch has {rows} rows, not a multiple of augmult K = {self.views}: feed the "
                 "batches of the private data loader unchanged"
             )
+        self._tape.begin_pass(rows, same_examples=self._same_examples)
+        key = signature(self._module, args, kwargs)
+        if key not in self._checked and rows >= 2 * self.views:
+            check_batch_layout(self._module, self._tape.layers, args, kwargs, views=self.views)
+            self._checked.add(key)
+            self._tape.capture_parameter_grads(_trainable(self._module))
         return self._module(*args, **kwargs)
+
+    @contextmanager
+    def same_examples(self) -> Iterator[None]:
+        """Forward passes in this block are over the same examples as the pass before.
+
+        By default every forward pass is a new set of examples, and two passes before one
+        ``optimizer.step()`` are refused (their rows j would be clipped as one example).
+        For a second loss on the *same* batch (two views, a consistency term), run the
+        extra passes inside this block: each example's gradient is then the sum over the
+        passes, clipped once.
+        """
+        self._same_examples = True
+        try:
+            yield
+        finally:
+            self._same_examples = False
 
     def remove_hooks(self) -> None:
         """Detaches the recording hooks (the module then trains without privacy)."""
         self._tape.detach()
+
+
+def _trainable(module: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: p for k, p in module.named_parameters() if p.requires_grad}
 
 
 class DPOptimizer(torch.optim.Optimizer):
@@ -152,13 +201,43 @@ class DPOptimizer(torch.optim.Optimizer):
         self.ema = None if ema_decay is None else ParameterEMA(module, ema_decay)
         self.summed = {k: torch.zeros_like(p) for k, p in self.params.items()}
         self.steps = 0
-        self.nonfinite = 0
-        self.batch_size = 0  # examples in the current logical batch so far
         self._skip_next = False
+        # (logical batch, whether this chunk ends it), announced by the private data loader.
+        self._chunk: tuple[int, bool] | None = None
+        self._pending: int | None = None  # the logical batch whose clipped sum is held
+        self._batches = 0
 
     def signal_skip_step(self, do_skip: bool = True) -> None:
-        """Marks the next :meth:`step` as a physical chunk that is not the last of its batch."""
+        """Marks the next :meth:`step` as a physical chunk that is not the last of its batch.
+
+        For loops that do their own chunking; the private data loader signals for you.
+        """
         self._skip_next = do_skip
+
+    def new_logical_batch(self) -> int:
+        """A fresh id for the chunks of one logical batch (used by the data loader)."""
+        self._batches += 1
+        return self._batches
+
+    def announce_chunk(self, batch: int, last: bool) -> None:
+        """The next :meth:`step` is a chunk of logical batch ``batch`` (``last``: its end)."""
+        self._chunk = (batch, last)
+
+    def discard_pending(self, batch: int | None = None) -> None:
+        """Drops the clipped sum of an unfinished logical batch (``batch``: only that one).
+
+        Nothing of it was released or recorded, so dropping it costs no privacy; mixing it
+        into the next batch's release would let its examples count twice.
+        """
+        if self._pending is None or (batch is not None and self._pending != batch):
+            return
+        warnings.warn(
+            "a logical batch was left before its last physical chunk: its clipped sum was "
+            "discarded (nothing of it was released or recorded)",
+            stacklevel=3,
+        )
+        self.summed = {k: torch.zeros_like(p) for k, p in self.params.items()}
+        self._pending = None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Clears the parameters' ``.grad`` (the accumulated clipped sum is kept)."""
@@ -173,34 +252,58 @@ class DPOptimizer(torch.optim.Optimizer):
         self.original_optimizer.load_state_dict(state_dict)
 
     def _accumulate(self) -> None:
-        """Adds the clipped sum of the physical batch the hooks recorded, then forgets it."""
+        """Adds the clipped sum of the physical batch the hooks recorded, then forgets it.
+
+        Raises:
+          DPVisionError: the recorded pass cannot be clipped per example (see the message).
+        """
+        tape = self.tape
         try:
-            calls = list(self.tape.calls())
+            calls = list(tape.calls())
         except DPVisionError as error:
-            self.tape.clear()
+            tape.clear()
             raise DPVisionError(f"PrivacyEngine does not support {error}") from None
-        rows = {x.shape[0] for _, _, pairs in calls for x, _ in pairs}
-        self.tape.clear()
-        if len(rows) > 1:
+        passes, pass_rows = tape.gradient_passes(), list(tape.pass_rows)
+        captured = tape.parameter_grads
+        tape.clear()
+        for param in self.params.values():
+            param.grad = None  # the exact gradient of private data never outlives the step
+        if len(passes) > 1:
             raise DPVisionError(
-                f"layers saw batches of different sizes {sorted(rows)} before one step: call "
-                "optimizer.step() after each forward and backward pass"
+                f"{len(passes)} forward passes reached one optimizer.step(), and their rows would "
+                "be clipped as the same examples: call optimizer.step() after each backward (the "
+                "private data loader's chunks accumulate), or run passes over the same examples "
+                "inside `with model.same_examples():`"
             )
-        total = rows.pop() if rows else 0
-        if total == 0:
+        if not passes:
             return
-        batch = total // self.views
+        rows = pass_rows[passes[0]]
+        for path, _, pairs in calls:
+            for x, g in pairs:
+                if x.shape[0] != rows or g.shape[0] != rows:
+                    raise DPVisionError(
+                        f"PrivacyEngine does not support layer {path or 'the root'} seeing "
+                        f"{x.shape[0]} rows in a pass over {rows}: it folds positions into the "
+                        "batch or is not batch-first; keep the examples first in every layer "
+                        "with trainable parameters"
+                    )
+        if rows == 0:
+            return
+        batch = rows // self.views
+        terms = [(path, layer_terms(module, pairs, self.views)) for path, module, pairs in calls]
+        if captured is not None:
+            whole = {name: captured.get(name) for name in self.params}
+            reason = unclipped_mismatch(terms, whole, batch)
+            if reason is not None:
+                raise DPVisionError(f"PrivacyEngine does not support {reason}")
         # Observed output gradients are (1/rows)·Σₖ∇ℓ (mean) or Σₖ∇ℓ (sum); the clipped unit
         # is the view mean (1/K)·Σₖ∇ℓ.
         scale = batch if self.loss_reduction == "mean" else 1.0 / self.views
-        terms = [(path, layer_terms(module, pairs, self.views)) for path, module, pairs in calls]
         clipped = clip_terms(
             terms, self.params, batch, max_grad_norm=self.max_grad_norm, grad_scale=scale
         )
         for name, value in clipped.grads.items():
             self.summed[name] += value
-        self.nonfinite += clipped.nonfinite
-        self.batch_size += batch
 
     @torch.no_grad()
     def _release(self) -> None:
@@ -221,7 +324,6 @@ class DPOptimizer(torch.optim.Optimizer):
             self.ema.update(self.module)
         self.summed = {k: torch.zeros_like(p) for k, p in self.params.items()}
         self.steps += 1
-        self.batch_size = 0
 
     def step(self, closure: Any = None) -> Any:
         """Accumulates this physical batch; at the end of a logical batch, takes the step.
@@ -233,12 +335,23 @@ class DPOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self._chunk is not None:
+            batch, last = self._chunk
+        else:  # a loop of its own: one logical batch, unless signal_skip_step said otherwise
+            batch, last = _MANUAL, not self._skip_next
+        self._chunk, self._skip_next = None, False
+        if self._pending is not None and self._pending != batch:
+            self.discard_pending()
         self._accumulate()
-        if self._skip_next:
-            self._skip_next = False
+        if not last:
+            self._pending = batch
             return loss
+        self._pending = None
         self._release()
         return loss
+
+
+_MANUAL = 0  # the logical-batch id of steps not announced by the private data loader
 
 
 class _PoissonBatches:
@@ -322,11 +435,16 @@ class DPDataLoader:
         return len(self.loader)
 
     def __iter__(self) -> Iterator[Any]:
+        optimizer = self.optimizer
         for batch in self.loader:
             chunks = self._chunks(batch)
-            for index, chunk in enumerate(chunks):
-                self.optimizer.signal_skip_step(index < len(chunks) - 1)
-                yield self._views(chunk)
+            logical = optimizer.new_logical_batch()
+            try:
+                for index, chunk in enumerate(chunks):
+                    optimizer.announce_chunk(logical, index == len(chunks) - 1)
+                    yield self._views(chunk)
+            finally:  # a loop that leaves mid-batch must not leak its chunks into the next
+                optimizer.discard_pending(logical)
 
     def _chunks(self, batch: Any) -> list[Any]:
         limit = self.max_physical_batch_size

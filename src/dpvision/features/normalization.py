@@ -103,26 +103,23 @@ class PrivateNormalizer:
             )
             mean_sum += clip_rows(x.mean(dim=2), self.mean_clip).sum(dim=0)
             square_sum += clip_rows((x * x).mean(dim=2), self.square_clip).sum(dim=0)
-        if self.noise_multiplier == 0:  # the non-private baseline: exact statistics
-            ledger.record_non_private(released="per-channel means and mean squares (noise off)")
-        else:
-            common = {
-                "noise_multiplier": self.noise_multiplier,
-                "ledger": ledger,
-                "generator": generator,
-            }
-            mean_sum = release_gaussian(
-                mean_sum,
-                l2_sensitivity=self.mean_clip,
-                released="PrivDataNorm per-channel means",
-                **common,
-            )
-            square_sum = release_gaussian(
-                square_sum,
-                l2_sensitivity=self.square_clip,
-                released="PrivDataNorm per-channel mean squares",
-                **common,
-            )
+        common = {
+            "noise_multiplier": self.noise_multiplier or None,  # 0: the non-private baseline
+            "ledger": ledger,
+            "generator": generator,
+        }
+        mean_sum = release_gaussian(
+            mean_sum,
+            l2_sensitivity=self.mean_clip,
+            released="PrivDataNorm per-channel means",
+            **common,
+        )
+        square_sum = release_gaussian(
+            square_sum,
+            l2_sensitivity=self.square_clip,
+            released="PrivDataNorm per-channel mean squares",
+            **common,
+        )
         self.mean_ = (mean_sum / n).numpy()
         self.var_ = np.maximum((square_sum / n).numpy() - self.mean_**2, 0.0)
         return self
@@ -170,17 +167,14 @@ class PrivateCentering:
         for start in range(0, n, _CHUNK):
             x = torch.from_numpy(np.asarray(features[start : start + _CHUNK], np.float64))
             total += clip_rows(x, self.clip_norm).sum(dim=0)
-        if self.noise_multiplier == 0:  # the non-private baseline: the exact mean
-            ledger.record_non_private(released="feature mean for centering (noise off)")
-        else:
-            total = release_gaussian(
-                total,
-                l2_sensitivity=self.clip_norm,
-                noise_multiplier=self.noise_multiplier,
-                ledger=ledger,
-                released="feature mean for centering",
-                generator=generator,
-            )
+        total = release_gaussian(
+            total,
+            l2_sensitivity=self.clip_norm,
+            noise_multiplier=self.noise_multiplier or None,  # 0: the exact mean, non-private
+            ledger=ledger,
+            released="feature mean for centering",
+            generator=generator,
+        )
         self.mean_ = (total / n).numpy().astype(np.float32)
         return self
 

@@ -107,17 +107,14 @@ class DPFeatureCovariance(DPLinearClassifier):
             chunk_size=self.chunk_size,
         ).gram
         workers.all_reduce_([gram])  # exact sums over all ranks; the noise comes after
-        if sigma is None:
-            ledger.record_non_private(released="DP-FC feature covariance (noise off)")
-        else:
-            gram = release_gaussian(
-                gram,
-                l2_sensitivity=cg * cg,
-                noise_multiplier=sigma,
-                ledger=ledger,
-                released="DP-FC feature covariance",
-                generator=generator,
-            )
+        gram = release_gaussian(
+            gram,
+            l2_sensitivity=cg * cg,
+            noise_multiplier=sigma,
+            ledger=ledger,
+            released="DP-FC feature covariance",
+            generator=generator,
+        )
         if self.ridge == "auto":
             ridge = max(1e-6, 2 * (sigma or 0.0) * math.sqrt(d) / n) * cg * cg
         else:
@@ -127,18 +124,16 @@ class DPFeatureCovariance(DPLinearClassifier):
         factor = torch.linalg.cholesky(covariance)
         weight = torch.zeros(num_classes, d, dtype=torch.float64)
         bias = torch.full((num_classes,), float(self.bias), dtype=torch.float64)
-        self.nonfinite_gradients_ = 0
         sq_norms = row_sq_norms(features, self.chunk_size)
         for _ in range(int(self.epochs)):
             grad = torch.zeros_like(weight)
-            bad = torch.zeros(1, dtype=torch.int64)
             for first in range(0, len(features), self.chunk_size):
                 x = read_rows(features, slice(first, first + self.chunk_size))
                 y = torch.from_numpy(
                     np.asarray(labels[first : first + self.chunk_size], dtype=np.int64)
                 )
                 errors = loss_gradient(x @ weight.T + bias, y, "sigmoid")
-                gw, _, count = clipped_gradient_sum(
+                gw, _, _ = clipped_gradient_sum(
                     x,
                     errors,
                     self.clip_norm,
@@ -146,20 +141,15 @@ class DPFeatureCovariance(DPLinearClassifier):
                     sq_norms=sq_norms[first : first + len(x)],
                 )
                 grad += gw
-                bad += count
-            workers.all_reduce_([grad, bad])
-            self.nonfinite_gradients_ += int(bad)
-            if sigma is None:
-                ledger.record_non_private(released="DP-FC gradient sum (noise off)")
-            else:
-                grad = release_gaussian(
-                    grad,
-                    l2_sensitivity=self.clip_norm,
-                    noise_multiplier=sigma,
-                    ledger=ledger,
-                    released="DP-FC clipped gradient sum",
-                    generator=generator,
-                )
+            workers.all_reduce_([grad])
+            grad = release_gaussian(
+                grad,
+                l2_sensitivity=self.clip_norm,
+                noise_multiplier=sigma,
+                ledger=ledger,
+                released="DP-FC clipped gradient sum",
+                generator=generator,
+            )
             # w ← w − η g̃ G̃⁻¹ (rows of w are classes): solve G̃ Δᵀ = g̃ᵀ.
             step = torch.cholesky_solve((grad / n).T, factor).T
             weight -= self.learning_rate * step

@@ -25,7 +25,7 @@ from dpvision.learners.statistics import (
     class_grams,
     gram_statistics,
 )
-from dpvision.mechanisms import gaussian_noise, release_gaussian
+from dpvision.mechanisms import gaussian_noise, observe_release, release_gaussian
 
 
 class DPLeastSquares(DPLinearClassifier):
@@ -111,15 +111,9 @@ class DPLeastSquares(DPLinearClassifier):
         )
         gram, sums = stats.gram, stats.class_sums
         workers.all_reduce_([gram, sums])  # exact sums over all ranks; the noise comes after
-        if sigma is None:
-            ledger.record_non_private(released="DP-LS statistics G, A_j, b_j (noise off)")
-        else:
-            common = {"noise_multiplier": sigma, "ledger": ledger, "generator": generator}
-            gram = release_gaussian(gram, l2_sensitivity=c * c, released="DP-LS G", **common)
-            sums = release_gaussian(sums, l2_sensitivity=c, released="DP-LS b_j", **common)
-            # The stack of all Aⱼ is one Gaussian release (sensitivity C²); its i.i.d. noise
-            # is drawn block by block below, which is the same mechanism.
-            ledger.record(noise_multiplier=sigma, l2_sensitivity=c * c, released="DP-LS A_j")
+        common = {"noise_multiplier": sigma, "ledger": ledger, "generator": generator}
+        gram = release_gaussian(gram, l2_sensitivity=c * c, released="DP-LS G", **common)
+        sums = release_gaussian(sums, l2_sensitivity=c, released="DP-LS b_j", **common)
         shared = self.alpha * symmetrize(gram)
         ridge = self._ridge(n, d, sigma)
         index = ClassIndex(local_y, num_classes)
@@ -129,6 +123,11 @@ class DPLeastSquares(DPLinearClassifier):
             classes = range(first, min(first + block, num_classes))
             grams = class_grams(local_x, index, classes, clip_norm=c, chunk_size=self.chunk_size)
             workers.all_reduce_([grams])
+            # The stack of all Aⱼ is one Gaussian release (sensitivity C²); its i.i.d. noise
+            # is drawn block by block, which is the same mechanism, and recorded below.
+            grams = observe_release(
+                grams, l2_sensitivity=c * c, released="DP-LS A_j", part=first > 0
+            )
             if sigma is not None:
                 grams += gaussian_noise(
                     grams.shape,
@@ -146,5 +145,10 @@ class DPLeastSquares(DPLinearClassifier):
             grams = grams[first_mine:last_mine]
             grams += shared
             coef[mine] = solve_psd(grams, sums[mine], ridge=ridge)
+        # Recorded once every block's noise has been drawn (the ledger lists what ran).
+        if sigma is None:
+            ledger.record_non_private(released="DP-LS A_j (noise off)")
+        else:
+            ledger.record(noise_multiplier=sigma, l2_sensitivity=c * c, released="DP-LS A_j")
         workers.all_reduce_([coef])
         return coef, torch.zeros(num_classes, dtype=torch.float64)

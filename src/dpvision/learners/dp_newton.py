@@ -114,22 +114,19 @@ class DPNewton(DPLinearClassifier):
             workers.all_reduce_([grad, hessian[0] if at_zero else hessian])
             if at_zero:
                 hessian[1:] = hessian[0]
-            if sigma is None:
-                ledger.record_non_private(released="DP-Newton gradient and Hessian (noise off)")
-            else:
-                common = {"noise_multiplier": sigma, "ledger": ledger, "generator": generator}
-                grad = release_gaussian(
-                    grad,
-                    l2_sensitivity=math.sqrt(m) * c,
-                    released="DP-Newton gradient sums",
-                    **common,
-                )
-                hessian = release_gaussian(
-                    hessian,
-                    l2_sensitivity=math.sqrt(m) * c * c * HESSIAN_BOUND,
-                    released="DP-Newton Hessian sums",
-                    **common,
-                )
+            common = {"noise_multiplier": sigma, "ledger": ledger, "generator": generator}
+            grad = release_gaussian(
+                grad,
+                l2_sensitivity=math.sqrt(m) * c,
+                released="DP-Newton gradient sums",
+                **common,
+            )
+            hessian = release_gaussian(
+                hessian,
+                l2_sensitivity=math.sqrt(m) * c * c * HESSIAN_BOUND,
+                released="DP-Newton Hessian sums",
+                **common,
+            )
             # Newton step on the mean loss + (λ/2)‖w‖² (regulariser's terms are public).
             mean_grad = grad / n + ridge * weight
             step = solve_psd(hessian / n, mean_grad, ridge=ridge)

@@ -105,8 +105,8 @@ class DPSGDLinear(DPLinearClassifier):
       T releases of Σ_{i∈batch} clip(gᵢ, C) + N(0, (σC)² I), the batch Poisson-sampled at
       rate q (or the whole dataset when q = 1); L2 sensitivity C under add/remove-one. The
       sum is divided by the public expected batch size qn, never the realised one; an empty
-      batch still gets its noise. Non-finite per-example gradients are zeroed and counted in
-      ``nonfinite_gradients_``.
+      batch still gets its noise. Non-finite per-example gradients are zeroed (and not
+      counted: an exact count of them would be a statistic of the private data).
     """
 
     def __init__(
@@ -195,20 +195,18 @@ class DPSGDLinear(DPLinearClassifier):
         sampler = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator)))
         sq_norms = row_sq_norms(features, self.chunk_size)
         all_rows = np.arange(n)
-        self.nonfinite_gradients_ = 0
         for step in range(steps):
             # Poisson sampling: every example joins independently with probability q.
             batch = np.flatnonzero(sampler.random(n) < q) if q < 1 else all_rows
             batch = workers.split(batch)  # this rank's share; the sums are all-reduced below
             grad_w = torch.zeros_like(weight)
             grad_b = torch.zeros_like(bias)
-            bad = torch.zeros(1, dtype=torch.int64)
             for start in range(0, len(batch), self.chunk_size):
                 index = batch[start : start + self.chunk_size]
                 x = _rows(features, index)
                 y = torch.from_numpy(np.asarray(labels[index], dtype=np.int64))
                 errors = loss_gradient(x @ weight.T + bias, y, self.loss)
-                gw, gb, count = clipped_gradient_sum(
+                gw, gb, _ = clipped_gradient_sum(
                     x,
                     errors,
                     self.clip_norm,
@@ -217,22 +215,17 @@ class DPSGDLinear(DPLinearClassifier):
                 )
                 grad_w += gw
                 grad_b += gb
-                bad += count
-            workers.all_reduce_([grad_w, grad_b, bad])
-            self.nonfinite_gradients_ += int(bad)
+            workers.all_reduce_([grad_w, grad_b])
             flat = torch.cat([grad_w.reshape(-1), grad_b])
-            if sigma is None:
-                ledger.record_non_private(released="linear-head gradient sum (noise off)")
-            else:
-                flat = release_gaussian(
-                    flat,
-                    l2_sensitivity=self.clip_norm,
-                    noise_multiplier=sigma,
-                    ledger=ledger,
-                    released="linear-head clipped gradient sum",
-                    sample_rate=q,
-                    generator=generator,
-                )
+            flat = release_gaussian(
+                flat,
+                l2_sensitivity=self.clip_norm,
+                noise_multiplier=sigma,
+                ledger=ledger,
+                released="linear-head clipped gradient sum",
+                sample_rate=q,
+                generator=generator,
+            )
             update = self._optimizer_step(flat / expected_batch, state, step)
             weight -= update[: weight.numel()].reshape(weight.shape)
             if self.fit_intercept:

@@ -6,14 +6,24 @@ the noise from it, so the sensitivity is stated once, next to the value it bound
 """
 
 from dpvision.mechanisms.clipping import clip_factors, clip_rows
-from dpvision.mechanisms.noise import add_gaussian_noise, gaussian_noise, release_gaussian
+from dpvision.mechanisms.noise import (
+    Release,
+    add_gaussian_noise,
+    gaussian_noise,
+    observe_release,
+    observing_releases,
+    release_gaussian,
+)
 from dpvision.mechanisms.sampling import PoissonSampler
 
 __all__ = [
     "PoissonSampler",
+    "Release",
     "add_gaussian_noise",
     "clip_factors",
     "clip_rows",
     "gaussian_noise",
+    "observe_release",
+    "observing_releases",
     "release_gaussian",
 ]

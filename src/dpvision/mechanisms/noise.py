@@ -14,12 +14,72 @@ observe the generator's state.
 """
 
 import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 
 import torch
 
 from dpvision.accounting import PrivacyLedger
 from dpvision.accounting._checks import check_noise_multiplier, check_sample_rate
 from dpvision.errors import DPVisionError
+
+
+@dataclass(frozen=True)
+class Release:
+    """What one release (or one part of it) is, as its mechanism sees it before the noise.
+
+    Attributes:
+      released: what the release is, as in the ledger (e.g. ``"DP-LS G"``).
+      value: the exact value the noise is about to be added to (private: for tests only).
+      l2_sensitivity: the bound on the change of the *whole* release (all its parts
+        together) when one example is added or removed.
+      part: True when this value continues the previous release (a release drawn in pieces,
+        such as DP-LS's stack of class Gram matrices or DP-SGD's per-parameter sums).
+    """
+
+    released: str
+    value: torch.Tensor
+    l2_sensitivity: float
+    part: bool = False
+
+
+ReleaseObserver = Callable[[Release], torch.Tensor]
+_OBSERVER: ContextVar[ReleaseObserver | None] = ContextVar("dpvision_release_observer", default=None)
+
+
+@contextmanager
+def observing_releases(observer: ReleaseObserver) -> Iterator[None]:
+    """Shows every release made inside the block to ``observer`` before its noise is added.
+
+    The observer returns the value to release in its place (the same value, or, when it
+    replays another run, that run's value, so that both runs continue from the same
+    released history). This is how :func:`dpvision.testing.check_sensitivity` watches the
+    real release paths; nothing in dpvision observes releases otherwise.
+    """
+    token = _OBSERVER.set(observer)
+    try:
+        yield
+    finally:
+        _OBSERVER.reset(token)
+
+
+def observe_release(
+    value: torch.Tensor, *, l2_sensitivity: float, released: str, part: bool = False
+) -> torch.Tensor:
+    """Passes a release's exact value to the active observer, if any; returns what to noise.
+
+    Every noisy release in dpvision calls this right before drawing its noise, also with
+    the noise off, so that its stated sensitivity can be checked on neighbouring datasets.
+
+    Privacy:
+      Releases nothing (outside an observer, it returns ``value`` itself).
+    """
+    observer = _OBSERVER.get()
+    if observer is None:
+        return value
+    return observer(Release(released, value.detach().clone(), float(l2_sensitivity), part))
 
 
 def _noise_std(l2_sensitivity: float, noise_multiplier: float) -> float:
@@ -77,13 +137,16 @@ def release_gaussian(
     value: torch.Tensor,
     *,
     l2_sensitivity: float,
-    noise_multiplier: float,
+    noise_multiplier: float | None,
     ledger: PrivacyLedger,
     released: str,
     sample_rate: float = 1.0,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """Adds Gaussian noise to ``value`` and records the release in ``ledger``.
+
+    ``noise_multiplier=None`` turns the noise off (the non-private baseline): ``value`` is
+    returned as it is and the ledger records a release without noise, so ε becomes ∞.
 
     Privacy:
       Releases ``value`` + N(0, (σΔ)² I), where Δ = ``l2_sensitivity`` bounds the change of
@@ -92,6 +155,10 @@ def release_gaussian(
       entry is written after the noise is drawn, so it records exactly what ran.
     """
     check_sample_rate(sample_rate)
+    value = observe_release(value, l2_sensitivity=l2_sensitivity, released=released)
+    if noise_multiplier is None:
+        ledger.record_non_private(released=f"{released} (noise off)")
+        return value
     noisy = add_gaussian_noise(
         value,
         l2_sensitivity=l2_sensitivity,

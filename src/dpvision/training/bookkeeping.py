@@ -29,6 +29,7 @@ used only through that layer's ``forward``; parameters must not be shared betwee
 (a layer called several times is fine); ``loss_fn`` must return one loss per row.
 """
 
+import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -41,6 +42,7 @@ from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from dpvision.errors import DPVisionError
 from dpvision.mechanisms import clipping
+from dpvision.training import batch_layout
 from dpvision.training.layer_gradients import (
     Call,
     LayerTerms,
@@ -122,10 +124,16 @@ class ActivationTape:
         self.layers = _tracked_layers(model)
         # (input, its version counter at the call) per call; None when no input tensor came.
         self.inputs: dict[nn.Module, list[tuple[torch.Tensor, int] | None]] = defaultdict(list)
+        # The forward pass each call belongs to (see begin_pass), and each pass's rows.
+        self.call_pass: dict[nn.Module, list[int]] = defaultdict(list)
+        self.pass_rows: list[int] = []
         self.grads: dict[nn.Module, dict[int, torch.Tensor]] = defaultdict(dict)
         self.edges: list[GradientEdge] = []
         self._edge_owners: list[tuple[nn.Module, int]] = []
         self._handles: list[Any] = []
+        # Whole gradients of the parameters, captured on passes that verify book-keeping.
+        self.parameter_grads: dict[str, torch.Tensor] | None = None
+        self._parameter_handles: list[Any] = []
 
     def attach(self) -> None:
         """Registers the forward hooks (idempotent)."""
@@ -145,7 +153,58 @@ class ActivationTape:
         """Forgets the recorded inputs and gradients (after each step)."""
         self.inputs.clear()
         self.grads.clear()
+        self.call_pass.clear()
+        self.pass_rows = []
         self.edges, self._edge_owners = [], []
+        for handle in self._parameter_handles:
+            handle.remove()
+        self._parameter_handles, self.parameter_grads = [], None
+
+    def capture_parameter_grads(self, params: Mapping[str, torch.Tensor]) -> None:
+        """Also records each parameter's whole gradient in the coming backward passes.
+
+        :func:`unclipped_mismatch` compares it with the layers' unclipped sums, which
+        reveals a parameter used outside its layer's ``forward``.
+        """
+        if self.parameter_grads is not None:
+            return
+        captured: dict[str, torch.Tensor] = {}
+
+        def hook(name: str) -> Callable[[torch.Tensor], None]:
+            def store(grad: torch.Tensor) -> None:
+                previous = captured.get(name)
+                captured[name] = grad.detach() if previous is None else previous + grad.detach()
+
+            return store
+
+        self.parameter_grads = captured
+        self._parameter_handles = [p.register_hook(hook(name)) for name, p in params.items()]
+
+    def begin_pass(self, rows: int, *, same_examples: bool = False) -> None:
+        """Marks the start of a forward pass over ``rows`` rows (calls are tagged with it).
+
+        With ``same_examples`` the pass continues the previous one: its rows are the same
+        examples (a second loss on the same batch), and a layer's calls in both are summed
+        per row, as for a layer called twice in one pass.
+        """
+        if same_examples and self.pass_rows:
+            if self.pass_rows[-1] != rows:
+                raise DPVisionError(
+                    f"a pass over the same examples has {rows} rows, the previous one "
+                    f"{self.pass_rows[-1]}"
+                )
+            return
+        self.pass_rows.append(rows)
+
+    def gradient_passes(self) -> list[int]:
+        """The passes (indices into ``pass_rows``) whose layer calls received gradients."""
+        found = {
+            self.call_pass[module][index]
+            for module, grads in self.grads.items()
+            for index in grads
+            if index < len(self.call_pass[module])
+        }
+        return sorted(found)
 
     def _record(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
@@ -159,6 +218,7 @@ class ActivationTape:
         self.inputs[module].append(
             (given.detach(), given._version) if isinstance(given, torch.Tensor) else None
         )
+        self.call_pass[module].append(len(self.pass_rows) - 1)
         if self.mode == "edges":
             self.edges.append(get_gradient_edge(output))
             self._edge_owners.append((module, index))
@@ -166,7 +226,10 @@ class ActivationTape:
             output.register_hook(lambda grad: self._store(module, index, grad))  # type: ignore[no-untyped-call]
 
     def _store(self, module: nn.Module, index: int, grad: torch.Tensor) -> None:
-        self.grads[module][index] = grad.detach()
+        # Several backward passes through one call (retain_graph) add up, as in .grad.
+        previous = self.grads[module].get(index)
+        grad = grad.detach()
+        self.grads[module][index] = grad if previous is None else previous + grad
 
     def set_edge_grads(self, grads: tuple[torch.Tensor | None, ...]) -> None:
         """Stores the result of ``torch.autograd.grad(loss, self.edges, allow_unused=True)``."""
@@ -285,6 +348,7 @@ def _bookkeeping_sum(
         )
     flat = inputs.reshape(batch * k, *inputs.shape[2:]) if views else inputs
     labels = targets.repeat_interleave(k) if views else targets
+    verify = _first_use(model, flat)
     tape = ActivationTape(model, mode="edges")
     with tape.attached(), torch.enable_grad():
         losses = loss_fn(model(flat), labels)
@@ -295,14 +359,95 @@ def _bookkeeping_sum(
             )
         # Each view weighs 1/K: example i's gradient is the mean of its K view-gradients.
         total = losses.reshape(batch * k, -1).mean(1).sum() / k
-        if tape.edges:
-            tape.set_edge_grads(torch.autograd.grad(total, tape.edges, allow_unused=True))
+        names = list(params) if verify else []
+        edges = len(tape.edges)
+        sources = [*tape.edges, *(params[name] for name in names)]
+        grads: tuple[torch.Tensor | None, ...] = ()
+        if sources:
+            grads = torch.autograd.grad(total, sources, allow_unused=True)
+            tape.set_edge_grads(grads[:edges])
         terms = []
         for path, module, calls in tape.calls():
             if any(x.shape[0] != batch * k or g.shape[0] != batch * k for x, g in calls):
                 raise _UnsupportedError(f"layer {path or 'root'} did not see one row per view")
             terms.append((path, layer_terms(module, calls, k, strategy)))
+    if verify:
+        true = dict(zip(names, grads[edges:], strict=True))
+        _check_complete(model, flat, terms, true, batch)
     return clip_terms(terms, params, batch, max_grad_norm=max_grad_norm, mask=mask)
+
+
+# Per model: for each call signature, None once book-keeping was verified, else the reason
+# it cannot be used (then every call of that signature goes to the vmap reference).
+_VERDICTS: "weakref.WeakKeyDictionary[nn.Module, dict[Any, str | None]]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _first_use(model: nn.Module, flat: torch.Tensor) -> bool:
+    """Whether this call shape is new for ``model``; probes its layout the first time.
+
+    Raises:
+      _UnsupportedError: the layout or an earlier verification ruled book-keeping out.
+    """
+    verdicts = _VERDICTS.setdefault(model, {})
+    key = batch_layout.signature(model, (flat,), {})
+    if key in verdicts:
+        reason = verdicts[key]
+        if reason is not None:
+            raise _UnsupportedError(reason)
+        return False
+    try:
+        batch_layout.check_batch_layout(model, _tracked_layers(model), (flat,), {})
+    except batch_layout.LayoutError as error:
+        verdicts[key] = str(error)
+        raise _UnsupportedError(str(error)) from None
+    verdicts[key] = None
+    return True
+
+
+def unclipped_mismatch(
+    terms: list[tuple[str, LayerTerms]], true: Mapping[str, torch.Tensor | None], batch: int
+) -> str | None:
+    """Names a parameter whose recorded layer calls do not explain its whole gradient.
+
+    ``true`` holds each trainable parameter's gradient of the same backward pass; the
+    layers' unclipped sums Σᵢ Gᵢ must equal it. A parameter also used outside its layer's
+    ``forward`` (``F.linear(x, fc.weight)``) fails this, and book-keeping would silently
+    drop that use.
+    """
+    sums: dict[str, torch.Tensor] = {}
+    for path, layer in terms:
+        like = layer.sq_norms
+        for local, value in layer.clipped_sum(like.new_ones(batch), None).items():
+            sums[f"{path}.{local}" if path else local] = value
+    for name, grad in true.items():
+        ours = sums.get(name)
+        if grad is None:
+            grad = torch.zeros_like(ours) if ours is not None else None
+        if grad is None:
+            continue
+        ours = torch.zeros_like(grad) if ours is None else ours.to(grad.dtype)
+        error = float(torch.linalg.vector_norm(ours - grad))
+        if not error <= 1e-3 * float(torch.linalg.vector_norm(grad)) + 1e-6:
+            return (
+                f"parameter {name} gets gradient from outside its layer's forward (e.g. "
+                f"F.linear(x, layer.weight)), which per-layer clipping cannot see"
+            )
+    return None
+
+
+def _check_complete(
+    model: nn.Module,
+    flat: torch.Tensor,
+    terms: list[tuple[str, LayerTerms]],
+    true: Mapping[str, torch.Tensor | None],
+    batch: int,
+) -> None:
+    reason = unclipped_mismatch(terms, true, batch)
+    if reason is not None:
+        _VERDICTS[model][batch_layout.signature(model, (flat,), {})] = reason
+        raise _UnsupportedError(reason)
 
 
 def clip_and_sum(

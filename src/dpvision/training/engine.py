@@ -16,7 +16,7 @@ import torch
 from dpvision.accounting import PrivacyLedger
 from dpvision.distributed import Workers
 from dpvision.errors import DPVisionError
-from dpvision.mechanisms import gaussian_noise
+from dpvision.mechanisms import gaussian_noise, observe_release
 from dpvision.training.per_example import ClippedGradientSum, clipped_gradient_sum
 
 CLIPPING_METHODS = ("auto", "bookkeeping", "vmap")
@@ -53,7 +53,10 @@ def privatize_gradients(
       division by the public qN is post-processing.
     """
     divisor = expected_batch_size * (max_grad_norm if normalize_update else 1.0)
-    for total, param in sums_and_params:
+    for index, (total, param) in enumerate(sums_and_params):
+        total = observe_release(
+            total, l2_sensitivity=max_grad_norm, released=released, part=index > 0
+        )
         if noise_multiplier > 0:
             total += gaussian_noise(
                 total.shape,

@@ -46,7 +46,9 @@ class Release:
 
 
 ReleaseObserver = Callable[[Release], torch.Tensor]
-_OBSERVER: ContextVar[ReleaseObserver | None] = ContextVar("dpvision_release_observer", default=None)
+_OBSERVER: ContextVar[ReleaseObserver | None] = ContextVar(
+    "dpvision_release_observer", default=None
+)
 
 
 @contextmanager

@@ -160,8 +160,8 @@ def check_batch_layout(
         for before, after in zip(seen[path], seen2[path], strict=False):
             if before.dim() == 0 or before.shape[0] != rows:
                 raise LayoutError(
-                    f"layer {where} sees {tuple(before.shape)} for a batch of {rows} rows: it folds "
-                    "positions into the batch or takes a tensor whose first dimension is not the "
+                    f"layer {where} sees {tuple(before.shape)} for a batch of {rows} rows: it "
+                    "folds positions into the batch or takes a tensor whose first dimension is not the "
                     "batch (e.g. x.transpose(0, 1)); keep the examples first in every layer with "
                     "trainable parameters"
                 )

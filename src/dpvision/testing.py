@@ -347,9 +347,7 @@ def dpsgd_release(
         )
         size = physical_batch_size or max(1, len(inputs))
         for _ in range(steps):
-            step(
-                (inputs[i : i + size], targets[i : i + size]) for i in range(0, len(inputs), size)
-            )
+            step((inputs[i : i + size], targets[i : i + size]) for i in range(0, len(inputs), size))
 
     return run
 

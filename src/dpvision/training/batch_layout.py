@@ -76,9 +76,7 @@ def _recording(layers: list[tuple[str, nn.Module]]) -> Iterator[dict[str, list[t
 
         return record
 
-    handles = [
-        m.register_forward_pre_hook(hook(path), with_kwargs=True) for path, m in layers
-    ]
+    handles = [m.register_forward_pre_hook(hook(path), with_kwargs=True) for path, m in layers]
     try:
         yield seen
     finally:
@@ -97,8 +95,11 @@ def _outputs(output: Any) -> list[torch.Tensor]:
 
 
 def _run(
-    model: nn.Module, layers: list[tuple[str, nn.Module]], args: tuple[Any, ...],
-    kwargs: dict[str, Any], device: torch.device,
+    model: nn.Module,
+    layers: list[tuple[str, nn.Module]],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    device: torch.device,
 ) -> tuple[dict[str, list[torch.Tensor]], list[torch.Tensor]]:
     devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices), torch.no_grad(), _recording(layers) as seen:
@@ -161,9 +162,9 @@ def check_batch_layout(
             if before.dim() == 0 or before.shape[0] != rows:
                 raise LayoutError(
                     f"layer {where} sees {tuple(before.shape)} for a batch of {rows} rows: it "
-                    "folds positions into the batch or takes a tensor whose first dimension is not the "
-                    "batch (e.g. x.transpose(0, 1)); keep the examples first in every layer with "
-                    "trainable parameters"
+                    "folds positions into the batch or takes a tensor whose first dimension is "
+                    "not the batch (e.g. x.transpose(0, 1)); keep the examples first in every "
+                    "layer with trainable parameters"
                 )
             if before.shape != after.shape:
                 raise LayoutError(f"the input shape of layer {where} depends on the data")

@@ -142,7 +142,10 @@ def dp_ls_worker(x_path: str, y_path: str, out: str) -> None:
     workers = init_from_env()
     features = np.load(x_path, mmap_mode="r")
     labels = np.load(y_path)
-    learner = DPLeastSquares(noise_multiplier=5.0, clip_norm=1.0, random_state=0)
+    classes = int(Path(y_path).stem.split("-")[-1])  # make_features names it y-N-CLASSES
+    learner = DPLeastSquares(
+        noise_multiplier=5.0, clip_norm=1.0, random_state=0, num_classes=classes
+    )
     start = time.perf_counter()
     learner.fit(features, labels)
     seconds = time.perf_counter() - start

@@ -83,6 +83,10 @@ class TrainConfig:
     Attributes:
       dataset: a dataset name (``digits``, ``fashion-mnist``, …, ``npz:PATH``).
       data_dir: where its files are (``None``: the standard lookup order).
+      num_classes: the number of classes, for datasets whose labels dpvision cannot know
+        (``npz:``, ``npy:``, precomputed features of an unlisted dataset). It fixes the
+        model's output shape, so it is never read off the private labels.
+      image_channels: ``imagefolder:`` datasets: 3 (RGB, the default) or 1 (grayscale).
       method: ``dp-ls``, ``dp-newton``, ``dp-fc``, ``dp-sgd-linear`` (on features),
         ``dp-sgd`` (deep models, see :class:`dpvision.training.options.DPSGDOptions`) or
         ``dp-randp`` (DP-SGD in Phases II and III from a Phase I encoder).
@@ -103,6 +107,8 @@ class TrainConfig:
 
     dataset: str = "digits"
     data_dir: str | None = None
+    num_classes: int | None = None
+    image_channels: int | None = None
     method: str = "dp-ls"
     features: str = "pixels"
     epsilon: float | None = 3.0
@@ -124,8 +130,16 @@ def _field_types(cls: type) -> dict[str, Any]:
 
 
 _NUMBER_FIELDS = {"epsilon", "delta", "noise_multiplier", "mean_clip", "square_clip", "clip_norm"}
-_INT_FIELDS = {"seed", "groups", "channels"}
-_OPTIONAL = {"data_dir", "epsilon", "noise_multiplier", "accountant", "channels"}
+_INT_FIELDS = {"seed", "groups", "channels", "num_classes", "image_channels"}
+_OPTIONAL = {
+    "data_dir",
+    "epsilon",
+    "noise_multiplier",
+    "accountant",
+    "channels",
+    "num_classes",
+    "image_channels",
+}
 
 
 def _coerce(name: str, value: Any, where: str) -> Any:
@@ -172,6 +186,25 @@ def _build(cls: type, raw: dict[str, Any], where: str) -> Any:
     return cls(**values)
 
 
+def _check_public_shape(config: TrainConfig) -> None:
+    """The classes and channels come from the registry or the config, never the data."""
+    from dpvision.data.datasets import PATH_PREFIXES, check_public_shape, dataset_info
+
+    name = config.dataset
+    is_path = name.strip().lower().startswith(PATH_PREFIXES)
+    if config.features.startswith("precomputed") and not is_path:
+        if dataset_info(name) is None and config.num_classes is None:
+            raise DPVisionError(
+                f"precomputed features of {name!r}, a dataset dpvision does not know, need "
+                "num_classes (e.g. --set num_classes=1000); it is not read off the labels, "
+                "which are private"
+            )
+        if config.num_classes is not None and config.num_classes < 2:
+            raise DPVisionError(f"num_classes must be >= 2, got {config.num_classes}")
+        return
+    check_public_shape(name, config.num_classes, config.image_channels)
+
+
 def validate(config: TrainConfig) -> TrainConfig:
     """Range checks with one-line messages naming the field and what is allowed."""
     from dpvision.learners import LEARNERS
@@ -192,6 +225,7 @@ def validate(config: TrainConfig) -> TrainConfig:
         raise DPVisionError(f"noise_multiplier must be >= 0, got {config.noise_multiplier}")
     if not 0 < config.delta < 1:
         raise DPVisionError(f"delta must be in (0, 1), got {config.delta}")
+    _check_public_shape(config)
     if config.preprocessing.kind not in PREPROCESSING:
         raise DPVisionError(
             f"unknown preprocessing.kind {config.preprocessing.kind!r}; choose one of: "
@@ -339,12 +373,23 @@ def resolve(
     where = str(file) if file is not None else "config"
     if "noise_multiplier" in raw and "epsilon" not in raw:
         raw["epsilon"] = None  # the file chose a fixed σ over the default target
+    given: dict[str, str] = {}  # privacy parameters set on the command line, and how
     for key, value in (overrides or {}).items():
         if value is not None:
-            _assign(raw, [key], value, f"--{key.replace('_', '-')}")
+            source = f"--{key.replace('_', '-')} {value:g}" if key in _ALTERNATIVE else ""
+            _assign(raw, [key], value, source or f"--{key.replace('_', '-')}")
+            if source:
+                given[key] = source
     for item in sets or []:
         path, value = parse_override(item)
         _assign(raw, path, value, f"--set {item}")
+        if len(path) == 1 and path[0] in _ALTERNATIVE:
+            given[path[0]] = f"--set {item}"
+    if len(given) > 1:
+        raise DPVisionError(
+            f"{given['epsilon']} and {given['noise_multiplier']} conflict: give a target ε or a "
+            "fixed noise multiplier, not both"
+        )
     return validate(_build(TrainConfig, raw, where))
 
 
@@ -357,7 +402,8 @@ def override(config: TrainConfig, items: list[str]) -> TrainConfig:
     return validate(_build(TrainConfig, raw, "config"))
 
 
-# A target ε and a fixed σ exclude each other: whichever is given later wins.
+# A target ε and a fixed σ exclude each other: one given on the command line replaces the
+# file's choice; both given on the command line are an error.
 _ALTERNATIVE = {"epsilon": "noise_multiplier", "noise_multiplier": "epsilon"}
 
 

@@ -111,7 +111,28 @@ def run_training(
     if config.method in ("dp-sgd", "dp-randp"):
         from dpvision.training.trainer import run_dpsgd
 
-        return run_dpsgd(config, quiet=quiet, checkpoint=checkpoint)
+        return _within_target(config, run_dpsgd(config, quiet=quiet, checkpoint=checkpoint))
+    return _within_target(config, _run_features(config, quiet=quiet, checkpoint=checkpoint))
+
+
+def _within_target(config: TrainConfig, result: dict[str, Any]) -> dict[str, Any]:
+    """The result, after checking that its ledger's ε does not exceed the run's target.
+
+    Calibration guarantees this; the check makes sure no later change can report a run
+    as meeting a target it missed.
+    """
+    target = config.epsilon
+    if target is not None and math.isfinite(target) and not result["epsilon"] <= target:
+        raise DPVisionError(
+            f"the run spent ε = {result['epsilon']:.6g}, more than its target {target:g}: "
+            "this is a bug in dpvision, please report it; no result was written"
+        )
+    return result
+
+
+def _run_features(
+    config: TrainConfig, *, quiet: bool, checkpoint: str | Path | None
+) -> dict[str, Any]:
     if checkpoint is not None:
         raise DPVisionError(
             f"--checkpoint is for --method dp-sgd and dp-randp, not {config.method}"
@@ -131,12 +152,17 @@ def run_training(
 
         assert spec.path is not None  # checked by FeatureSpec
         _say(f"reading precomputed features of {config.dataset} from {spec.path}", quiet)
-        dataset: Any = load_feature_files(spec.path, config.dataset)
+        dataset: Any = load_feature_files(spec.path, config.dataset, config.num_classes)
         train, test = dataset.train, dataset.test
         channels = config.preprocessing.channels or 1  # vectors: no channel structure
     else:
         _say(f"loading dataset {config.dataset}", quiet)
-        dataset = load_dataset(config.dataset, config.data_dir)
+        dataset = load_dataset(
+            config.dataset,
+            config.data_dir,
+            num_classes=config.num_classes,
+            channels=config.image_channels,
+        )
         _say(
             f"features {config.features} for {dataset.num_train} + {dataset.num_test} images",
             quiet,

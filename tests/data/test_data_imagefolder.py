@@ -44,11 +44,21 @@ def test_rgb_png_folder(tmp_path: Path) -> None:
     np.testing.assert_array_equal(ds.train_images[2], written[("train", "cat", 0)])
 
 
-def test_grayscale_folder_has_one_channel(tmp_path: Path) -> None:
+def test_grayscale_folder_has_one_channel_when_asked(tmp_path: Path) -> None:
     written = _folder(tmp_path / "ds", mode="L")
-    ds = load_dataset(f"imagefolder:{tmp_path / 'ds'}")
+    ds = load_dataset(f"imagefolder:{tmp_path / 'ds'}", channels=1)
     assert ds.train_images.shape == (4, 6, 4, 1)
     np.testing.assert_array_equal(ds.test_images[0, ..., 0], written[("test", "ant", 0)])
+
+
+def test_one_rgb_image_does_not_change_the_input_shape(tmp_path: Path) -> None:
+    # Before: one RGB training image turned a grayscale set into 3-channel input.
+    _folder(tmp_path / "ds", mode="L")
+    gray = load_dataset(f"imagefolder:{tmp_path / 'ds'}", channels=1).train_images.shape
+    _write(tmp_path / "ds" / "train" / "cat" / "rgb.png", np.zeros((6, 4, 3), np.uint8), "PNG")
+    mixed = load_dataset(f"imagefolder:{tmp_path / 'ds'}", channels=1).train_images.shape
+    assert gray[1:] == mixed[1:] == (6, 4, 1)
+    assert load_dataset(f"imagefolder:{tmp_path / 'ds'}").train_images.shape[-1] == 3
 
 
 def test_mixed_modes_become_rgb_and_jpeg_is_read(tmp_path: Path) -> None:

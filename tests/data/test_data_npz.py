@@ -31,12 +31,12 @@ def _save(tmp_path: Path, **arrays: Any) -> Path:
 def test_uint8_channels_last(tmp_path: Path) -> None:
     arrays = _arrays()
     path = _save(tmp_path, **arrays)
-    ds = load_dataset(f"npz:{path}")
+    ds = load_dataset(f"npz:{path}", num_classes=4)
     assert ds.name == f"npz:{path}"
     assert ds.train_images.shape == (8, 5, 6, 3)
     np.testing.assert_array_equal(ds.train_images, arrays["x_train"])
     np.testing.assert_array_equal(ds.test_labels, arrays["y_test"])
-    assert ds.num_classes == 4  # largest label (3, in y_test) + 1
+    assert ds.num_classes == 4  # as given: never read off the labels
 
 
 def test_float_grayscale_images_and_column_labels(tmp_path: Path) -> None:
@@ -45,7 +45,7 @@ def test_float_grayscale_images_and_column_labels(tmp_path: Path) -> None:
     arrays["x_test"] = (arrays["x_test"] / 255.0).astype(np.float32)
     arrays["y_train"] = arrays["y_train"][:, None].astype(np.int32)
     path = _save(tmp_path, **arrays)
-    ds = load_dataset(f"NPZ:{path}")
+    ds = load_dataset(f"NPZ:{path}", num_classes=4)
     assert ds.train_images.shape == (8, 4, 4, 1)
     assert ds.train_images.dtype == np.uint8
     np.testing.assert_array_equal(ds.train_images[..., 0], np.rint(arrays["x_train"] * 255))
@@ -78,7 +78,7 @@ def test_wrong_format_npz(tmp_path: Path, change: dict, message: str) -> None:
             arrays[key] = value
     path = _save(tmp_path, **arrays)
     with pytest.raises(DPVisionError, match=message) as info:
-        load_dataset(f"npz:{path}")
+        load_dataset(f"npz:{path}", num_classes=10)
     assert str(path) in str(info.value)
     assert "\n" not in str(info.value)
 
@@ -90,7 +90,7 @@ def test_object_arrays_are_refused(tmp_path: Path) -> None:
     with pytest.raises(
         DPVisionError, match=r"my data\.npz: cannot load array 'y_train' \(Object arrays"
     ):
-        load_dataset(f"npz:{path}")
+        load_dataset(f"npz:{path}", num_classes=10)
 
 
 @pytest.mark.parametrize("content", [b"not a zip at all", b"PK\x03\x04 truncated"])
@@ -98,21 +98,21 @@ def test_not_an_npz(tmp_path: Path, content: bytes) -> None:
     path = tmp_path / "bad.npz"
     path.write_bytes(content)
     with pytest.raises(DPVisionError, match=r"bad\.npz: not a readable \.npz archive"):
-        load_dataset(f"npz:{path}")
+        load_dataset(f"npz:{path}", num_classes=10)
 
 
 def test_npy_instead_of_npz(tmp_path: Path) -> None:
     path = tmp_path / "single.npy"
     np.save(path, np.zeros(3))
     with pytest.raises(DPVisionError, match=r"single\.npy: a single \.npy array"):
-        load_dataset(f"npz:{path}")
+        load_dataset(f"npz:{path}", num_classes=10)
 
 
 def test_missing_npz_and_empty_path(tmp_path: Path) -> None:
     with pytest.raises(DPVisionError, match=r"nope\.npz: no such file"):
-        load_dataset(f"npz:{tmp_path / 'nope.npz'}")
+        load_dataset(f"npz:{tmp_path / 'nope.npz'}", num_classes=10)
     with pytest.raises(DPVisionError, match=r"names no path; write npz:PATH"):
-        load_dataset("npz:")
+        load_dataset("npz:", num_classes=10)
 
 
 def test_dermamnist_train_and_test_only(datafiles: Any) -> None:
@@ -139,3 +139,16 @@ def test_dermamnist_missing_keys(datafiles: Any) -> None:
     np.savez(datafiles.root / "dermamnist.npz", x_train=np.zeros((1, 28, 28, 3), np.uint8))
     with pytest.raises(DPVisionError, match=r"missing array\(s\) train_images, train_labels"):
         load_dataset("dermamnist", datafiles.root)
+
+
+def test_the_number_of_classes_is_given_not_read_off_the_labels(tmp_path):
+    # Before: m = max(label) + 1, so one added example of label 9 changed the model's shape.
+    path = tmp_path / "set.npz"
+    labels = np.array([0, 1, 2, 1])
+    images = np.zeros((4, 5, 5), np.uint8)
+    np.savez(path, x_train=images, y_train=labels, x_test=images, y_test=labels)
+    with pytest.raises(DPVisionError, match="needs its number of classes"):
+        load_dataset(f"npz:{path}")
+    assert load_dataset(f"npz:{path}", num_classes=10).num_classes == 10
+    with pytest.raises(DPVisionError, match="y_train go up to 2 but this dataset has 2"):
+        load_dataset(f"npz:{path}", num_classes=2)

@@ -37,8 +37,8 @@ def test_images_are_memory_mapped_and_match_the_npz_form(tmp_path: Path) -> None
     arrays = _arrays()
     folder = _write_folder(tmp_path / "set", arrays)
     np.savez(tmp_path / "set.npz", **arrays)
-    mapped = load_dataset(f"npy:{folder}")
-    loaded = load_dataset(f"npz:{tmp_path / 'set.npz'}")
+    mapped = load_dataset(f"npy:{folder}", num_classes=3)
+    loaded = load_dataset(f"npz:{tmp_path / 'set.npz'}", num_classes=3)
     assert isinstance(mapped.train_images, np.memmap)
     assert not mapped.train_images.flags.writeable
     assert mapped.train_images.shape == (120, 28, 28, 1)
@@ -58,7 +58,11 @@ def test_dpsgd_on_a_mapped_dataset_equals_the_loaded_one(tmp_path: Path) -> None
     ]
     results = [
         run_training(
-            resolve(None, {"dataset": name, "method": "dp-sgd", "noise_multiplier": 1.0}, sets),
+            resolve(
+                None,
+                {"dataset": name, "num_classes": 10, "method": "dp-sgd", "noise_multiplier": 1.0},
+                sets,
+            ),
             quiet=True,
         )
         for name in (f"npy:{folder}", f"npz:{tmp_path / 'set.npz'}")
@@ -89,10 +93,10 @@ def test_bad_folders_get_one_line_errors(tmp_path: Path, change: str, message: s
     else:
         np.save(folder / "y_train.npy", arrays["y_train"][:7])
     with pytest.raises(DPVisionError, match=message) as error:
-        load_dataset(f"npy:{folder}")
+        load_dataset(f"npy:{folder}", num_classes=10)
     assert "\n" not in str(error.value)
 
 
 def test_a_missing_folder_is_named(tmp_path: Path) -> None:
     with pytest.raises(DPVisionError, match="no such folder"):
-        load_dataset(f"npy:{tmp_path / 'nowhere'}")
+        load_dataset(f"npy:{tmp_path / 'nowhere'}", num_classes=10)

@@ -163,13 +163,14 @@ DPSGD_SETS = {
 
 
 def _train_args(data: Path, method: str, sets: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    flags = {"dataset": f"npz:{data}", "method": method, "noise_multiplier": 1.0}
+    flags = {"dataset": f"npz:{data}", "num_classes": 10, "method": method, "noise_multiplier": 1.0}
     return flags, [f"learner.{k}={json.dumps(v)}" for k, v in sets.items()]
 
 
 def _cli(flags: dict[str, Any], sets: list[str]) -> list[str]:
     args = ["train", "--dataset", flags["dataset"], "--method", flags["method"]]
     args += ["--noise-multiplier", str(flags["noise_multiplier"]), "--quiet"]
+    args += ["--set", f"num_classes={flags['num_classes']}"]
     for item in sets:
         args += ["--set", item]
     return args

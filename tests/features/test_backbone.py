@@ -329,7 +329,16 @@ def test_train_cli_on_encoder_features(tmp_path: Path, tanh: Path, extra: list[s
     data = _npz(tmp_path / "tiny.npz", np.random.default_rng(0), 500)
     features_text = f"encoder:path={tanh},layers=blocks" + (",norm=5" if extra else "")
     out = tmp_path / "result.json"
-    argv = ["train", "--quiet", "--dataset", f"npz:{data}", "--features", features_text]
+    argv = [
+        "train",
+        "--quiet",
+        "--dataset",
+        f"npz:{data}",
+        "--set",
+        "num_classes=10",
+        "--features",
+        features_text,
+    ]
     argv += ["--method", "dp-ls", "--epsilon", "2", *extra, "--json", str(out)]
     assert main(argv) == 0
     result = json.loads(out.read_text())
@@ -346,7 +355,16 @@ def test_other_feature_learners_on_encoder_features(
 ) -> None:
     data = _npz(tmp_path / "tiny.npz", np.random.default_rng(1), 500)
     out = tmp_path / "result.json"
-    argv = ["train", "--quiet", "--dataset", f"npz:{data}", "--method", method]
+    argv = [
+        "train",
+        "--quiet",
+        "--dataset",
+        f"npz:{data}",
+        "--set",
+        "num_classes=10",
+        "--method",
+        method,
+    ]
     argv += ["--features", f"encoder:path={tanh},norm=1", "--epsilon", "1", "--json", str(out)]
     assert main(argv) == 0
     result = json.loads(out.read_text())

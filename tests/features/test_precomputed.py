@@ -58,8 +58,10 @@ def test_files_are_memory_mapped_and_labelled(tmp_path: Path):
     assert not files.train.flags.writeable
     assert (files.num_train, files.num_test, files.train.shape[1]) == (300, 120, 12)
     assert files.train_labels.dtype == np.int64
-    other = load_feature_files(folder, "imagenet")  # a name dpvision has no images of
-    assert (other.name, other.num_classes) == ("imagenet", 4)
+    other = load_feature_files(folder, "imagenet", num_classes=1000)  # no images of it here
+    assert (other.name, other.num_classes) == ("imagenet", 1000)
+    with pytest.raises(DPVisionError, match="need num_classes"):  # never max(label) + 1
+        load_feature_files(folder, "imagenet")
 
 
 @pytest.mark.parametrize(

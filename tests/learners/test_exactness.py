@@ -13,7 +13,12 @@ def test_dp_ls_without_noise_equals_the_closed_form_ridge_solution(blobs):
     x, y, _, _ = blobs
     alpha, ridge = 0.5, 3.0
     model = DPLeastSquares(
-        target_epsilon=math.inf, clip_norm=1e6, alpha=alpha, ridge=ridge, chunk_size=64
+        target_epsilon=math.inf,
+        clip_norm=1e6,
+        alpha=alpha,
+        ridge=ridge,
+        chunk_size=64,
+        num_classes=3,
     ).fit(x, y)
     # Class j minimises Σᵢ (yᵢⱼ + α)(tᵢ − xᵢᵀθ)² + λ‖θ‖², tᵢ = yᵢⱼ/(yᵢⱼ + α): a weighted ridge.
     for j in range(3):
@@ -26,7 +31,9 @@ def test_dp_ls_without_noise_equals_the_closed_form_ridge_solution(blobs):
 
 def test_dp_ls_ridge_is_in_units_of_clip_norm_squared(blobs):
     x, y, _, _ = blobs
-    a = DPLeastSquares(target_epsilon=math.inf, clip_norm=100.0, ridge=1e-4).fit(x, y)
+    a = DPLeastSquares(target_epsilon=math.inf, clip_norm=100.0, ridge=1e-4, num_classes=3).fit(
+        x, y
+    )
     reference = Ridge(alpha=1.0, fit_intercept=False, solver="cholesky")
     target = (y == 0).astype(float)
     reference.fit(x, target / (target + 1.0), sample_weight=target + 1.0)
@@ -37,7 +44,12 @@ def test_dp_newton_without_noise_converges_to_regularised_logistic_regression(bl
     x, y, _, _ = blobs
     ridge = 0.05
     model = DPNewton(
-        target_epsilon=math.inf, clip_norm=1e6, iterations=12, ridge=ridge / 1e12, chunk_size=100
+        target_epsilon=math.inf,
+        clip_norm=1e6,
+        iterations=12,
+        ridge=ridge / 1e12,
+        chunk_size=100,
+        num_classes=3,
     ).fit(x, y)
     n = len(x)
     for j in range(3):
@@ -51,7 +63,12 @@ def test_dp_newton_without_noise_converges_to_regularised_logistic_regression(bl
 def test_dp_sgd_linear_without_noise_learns(blobs):
     x, y, xt, yt = blobs
     model = DPSGDLinear(
-        target_epsilon=math.inf, clip_norm=1e6, epochs=50, learning_rate=0.5, optimizer="sgd"
+        target_epsilon=math.inf,
+        clip_norm=1e6,
+        epochs=50,
+        learning_rate=0.5,
+        optimizer="sgd",
+        num_classes=3,
     ).fit(x, y)
     assert model.score(xt, yt) > 0.95
 
@@ -62,6 +79,7 @@ def test_dp_fc_step_is_the_preconditioned_gradient_step(blobs):
     # ridge is in units of C_G²: 1e-14 · (1e6)² = 0.01, with no clipping at C = 1e6.
     model = DPFeatureCovariance(
         target_epsilon=math.inf,
+        num_classes=3,
         covariance_clip_norm=1e6,
         clip_norm=1e6,
         epochs=1,
@@ -78,6 +96,7 @@ def test_dp_fc_without_noise_learns(blobs):
     x, y, xt, yt = blobs
     model = DPFeatureCovariance(
         target_epsilon=math.inf,
+        num_classes=3,
         covariance_clip_norm=10.0,
         clip_norm=10.0,
         epochs=50,
@@ -93,7 +112,7 @@ def test_streaming_from_a_memory_map_gives_the_same_model(learner, blobs, tmp_pa
     path = tmp_path / "features.npy"
     np.save(path, x)
     mapped = np.load(path, mmap_mode="r")
-    kwargs = {"noise_multiplier": 2.0, "random_state": 3, "chunk_size": 37}
+    kwargs = {"noise_multiplier": 2.0, "random_state": 3, "chunk_size": 37, "num_classes": 3}
     in_memory = learner(**kwargs).fit(x, y)
     streamed = learner(**kwargs).fit(mapped, y)
     np.testing.assert_allclose(in_memory.coef_, streamed.coef_, rtol=1e-9, atol=1e-12)

@@ -119,7 +119,7 @@ def test_private_preprocessing_sensitivity(estimator, monkeypatch, blobs):
 def test_full_batch_ledger_reproduces_the_theorem(learner, kwargs, releases, blobs):
     x, y, _, _ = blobs
     sigma = 5.0
-    model = learner(noise_multiplier=sigma, random_state=0, **kwargs).fit(x, y)
+    model = learner(noise_multiplier=sigma, random_state=0, num_classes=3, **kwargs).fit(x, y)
     ledger = model.privacy_ledger_
     assert ledger.total_count == releases
     assert all(e.noise_multiplier == sigma and e.sample_rate == 1.0 for e in ledger)
@@ -133,7 +133,9 @@ def test_full_batch_ledger_reproduces_the_theorem(learner, kwargs, releases, blo
 
 def test_dp_sgd_linear_ledger_records_every_poisson_step(blobs):
     x, y, _, _ = blobs
-    model = DPSGDLinear(noise_multiplier=1.5, batch_size=30, epochs=2, random_state=0).fit(x, y)
+    model = DPSGDLinear(
+        noise_multiplier=1.5, batch_size=30, epochs=2, random_state=0, num_classes=3
+    ).fit(x, y)
     (entry,) = model.privacy_ledger_.entries
     assert (entry.count, entry.sample_rate) == (20, 30 / 300)  # T = ceil(2 / 0.1)
 
@@ -150,7 +152,7 @@ def test_dp_sgd_linear_ledger_records_every_poisson_step(blobs):
 @pytest.mark.parametrize("target", [0.3, 2.0])
 def test_reported_epsilon_never_exceeds_the_target(learner, kwargs, target, blobs):
     x, y, _, _ = blobs
-    model = learner(target_epsilon=target, random_state=0, **kwargs).fit(x, y)
+    model = learner(target_epsilon=target, random_state=0, num_classes=3, **kwargs).fit(x, y)
     assert 0.99 * target <= model.epsilon_ <= target
 
 
@@ -158,8 +160,8 @@ def test_prior_ledger_counts_against_the_target(blobs):
     x, y, _, _ = blobs
     prior = PrivacyLedger()
     PrivateCentering(clip_norm=1.0, noise_multiplier=8.0).fit(x, ledger=prior)
-    alone = DPLeastSquares(target_epsilon=1.0).fit(x, y)
-    after = DPLeastSquares(target_epsilon=1.0).fit(x, y, prior_ledger=prior)
+    alone = DPLeastSquares(target_epsilon=1.0, num_classes=3).fit(x, y)
+    after = DPLeastSquares(target_epsilon=1.0, num_classes=3).fit(x, y, prior_ledger=prior)
     assert after.noise_multiplier_ > alone.noise_multiplier_
     assert 0.99 <= after.epsilon_ <= 1.0
     assert after.privacy_ledger_.entries[0].released == "feature mean for centering"
@@ -168,9 +170,9 @@ def test_prior_ledger_counts_against_the_target(blobs):
 def test_exactly_one_of_target_and_noise():
     x, y = np.zeros((4, 2)), np.array([0, 1, 0, 1])
     with pytest.raises(DPVisionError, match="exactly one"):
-        DPLeastSquares().fit(x, y)
+        DPLeastSquares(num_classes=3).fit(x, y)
     with pytest.raises(DPVisionError, match="exactly one"):
-        DPLeastSquares(target_epsilon=1.0, noise_multiplier=1.0).fit(x, y)
+        DPLeastSquares(target_epsilon=1.0, noise_multiplier=1.0, num_classes=3).fit(x, y)
 
 
 def test_noise_scale_of_a_full_fit_matches_sigma(blobs, monkeypatch):
@@ -189,7 +191,9 @@ def test_noise_scale_of_a_full_fit_matches_sigma(blobs, monkeypatch):
 
     monkeypatch.setattr(dp_ls, "release_gaussian", capture)
     for seed in range(60):
-        DPLeastSquares(noise_multiplier=2.0, clip_norm=0.5, random_state=seed).fit(x, y)
+        DPLeastSquares(noise_multiplier=2.0, clip_norm=0.5, random_state=seed, num_classes=3).fit(
+            x, y
+        )
     noise = np.concatenate(draws)  # σC = 2.0 · 0.5 = 1.0
     assert stats.kstest(noise, stats.norm(scale=1.0).cdf).pvalue > 1e-3
     assert stats.kstest(noise, stats.norm(scale=0.67).cdf).pvalue < 1e-6

@@ -26,12 +26,33 @@ def test_toml_then_flags_then_set(tmp_path):
     assert (config.preprocessing.kind, config.preprocessing.groups) == ("group-norm", 9)
 
 
-def test_epsilon_inf_and_noise_multiplier_replace_each_other():
+def test_epsilon_inf_and_noise_multiplier_replace_the_defaults():
     assert math.isinf(resolve(sets=["epsilon=inf"]).epsilon)
     config = resolve(sets=["noise_multiplier=0"])
     assert config.noise_multiplier == 0
     assert config.epsilon is None
-    assert resolve(None, {"noise_multiplier": 2.0}, ["epsilon=1"]).epsilon == 1.0
+
+
+def test_a_command_line_sigma_replaces_a_files_target(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text("epsilon = 3.0\n")
+    config = resolve(path, {"noise_multiplier": 2.0})
+    assert (config.epsilon, config.noise_multiplier) == (None, 2.0)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "sets", "named"),
+    [
+        ({"epsilon": 3.0, "noise_multiplier": 1.0}, [], ("--epsilon 3", "--noise-multiplier 1")),
+        ({"noise_multiplier": 2.0}, ["epsilon=1"], ("--set epsilon=1", "--noise-multiplier 2")),
+        ({}, ["epsilon=1", "noise_multiplier=0"], ("--set epsilon=1", "--set noise_multiplier")),
+    ],
+)
+def test_a_target_and_a_sigma_on_the_command_line_conflict(overrides, sets, named):
+    # Before: the later one silently won, and a run given ε = 3 reported ε = 8.39.
+    with pytest.raises(DPVisionError, match="conflict") as error:
+        resolve(None, overrides, sets)
+    assert all(name in str(error.value) for name in named)
 
 
 @pytest.mark.parametrize(

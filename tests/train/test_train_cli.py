@@ -115,7 +115,20 @@ def test_npz_dataset(tmp_path):
     np.savez(path, x_train=x[:2500], y_train=y[:2500], x_test=x[2500:], y_test=y[2500:])
     out = tmp_path / "r.json"
     assert (
-        main(["train", "--quiet", "--dataset", f"npz:{path}", "--epsilon", "1", "--json", str(out)])
+        main(
+            [
+                "train",
+                "--quiet",
+                "--dataset",
+                f"npz:{path}",
+                "--set",
+                "num_classes=10",
+                "--epsilon",
+                "1",
+                "--json",
+                str(out),
+            ]
+        )
         == 0
     )
     assert json.loads(out.read_text())["test_accuracy"] > 0.9
@@ -187,7 +200,7 @@ def test_corrupt_idx_file_is_one_line_and_exit_2(tmp_path):
 def test_wrong_format_npz_is_one_line_and_exit_2(tmp_path):
     path = tmp_path / "bad.npz"
     np.savez(path, images=np.zeros((4, 2, 2), np.uint8))
-    proc = _run("train", "--dataset", f"npz:{path}")
+    proc = _run("train", "--dataset", f"npz:{path}", "--set", "num_classes=10")
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1
     assert "x_train" in proc.stderr

@@ -72,6 +72,7 @@ def _config(files: dict[str, Path], *sets: str, epsilon: float = 2.0):  # type: 
     return resolve(
         overrides={
             "dataset": f"npz:{files['data']}",
+            "num_classes": 10,
             "method": "dp-randp",
             "epsilon": epsilon,
             "accountant": "rdp",  # fast; the split and the ledger do not depend on it
@@ -231,6 +232,7 @@ def test_three_phases_from_the_pretrain_table(
     config = resolve(
         overrides={
             "dataset": f"npz:{files['data']}",
+            "num_classes": 10,
             "method": "dp-randp",
             "epsilon": 3.0,
             "accountant": "rdp",
@@ -294,7 +296,8 @@ def test_command_line_phase2_fraction(
     out = tmp_path / "result.json"
     config = _config(files)
     sets = [f"--set=learner.{k}={json.dumps(v)}" for k, v in config.learner.items()]
-    argv = ["train", "--dataset", config.dataset, "--method", "dp-randp", "--epsilon", "2"]
+    argv = ["train", "--dataset", config.dataset, "--set", "num_classes=10"]
+    argv += ["--method", "dp-randp", "--epsilon", "2"]
     argv += ["--accountant", "rdp"]
     code = main([*argv, *sets, "--phase2-fraction", "0.4", "--json", str(out), "--quiet"])
     assert code == 0

@@ -60,7 +60,16 @@ def _sets(**learner: object) -> list[str]:
 
 
 def _args(data: Path, **learner: object) -> list[str]:
-    args = ["--dataset", f"npz:{data}", "--method", "dp-sgd", "--noise-multiplier", "1.0"]
+    args = [
+        "--dataset",
+        f"npz:{data}",
+        "--set",
+        "num_classes=10",
+        "--method",
+        "dp-sgd",
+        "--noise-multiplier",
+        "1.0",
+    ]
     for item in _sets(**learner):
         args += ["--set", item]
     return args
@@ -69,7 +78,7 @@ def _args(data: Path, **learner: object) -> list[str]:
 def _config(data: Path, **learner: object):
     return resolve(
         None,
-        {"dataset": f"npz:{data}", "method": "dp-sgd", "noise_multiplier": 1.0},
+        {"dataset": f"npz:{data}", "num_classes": 10, "method": "dp-sgd", "noise_multiplier": 1.0},
         _sets(**learner),
     )
 
@@ -186,7 +195,11 @@ def test_bad_learner_options_are_one_line_errors(
     data: Path, key: str, value: str, message: str
 ) -> None:
     with pytest.raises(DPVisionError, match=message):
-        resolve(None, {"dataset": f"npz:{data}", "method": "dp-sgd"}, [f"learner.{key}={value}"])
+        resolve(
+            None,
+            {"dataset": f"npz:{data}", "num_classes": 10, "method": "dp-sgd"},
+            [f"learner.{key}={value}"],
+        )
 
 
 def test_batch_size_larger_than_the_dataset_is_refused(data: Path) -> None:
@@ -197,7 +210,7 @@ def test_batch_size_larger_than_the_dataset_is_refused(data: Path) -> None:
 def test_no_noise_is_a_non_private_baseline(data: Path) -> None:
     config = resolve(
         None,
-        {"dataset": f"npz:{data}", "method": "dp-sgd", "epsilon": float("inf")},
+        {"dataset": f"npz:{data}", "num_classes": 10, "method": "dp-sgd", "epsilon": float("inf")},
         _sets(steps=3),
     )
     result = run_training(config, quiet=True)

@@ -100,8 +100,15 @@ def gaussian_epsilon(*, mu: float, delta: float) -> float:
     log_target = math.log(delta)
     if _log_delta(0.0, mu) <= log_target:
         return 0.0
-    # δ(ε) ≤ Φ(−ε/μ + μ/2), so at ε = μ²/2 − μ·Φ⁻¹(δ) it is already below the target.
-    upper = mu * mu / 2 - mu * float(special.ndtri(delta)) + 1.0
+    # δ(ε) ≤ Φ(−ε/μ + μ/2), so at ε = μ²/2 − μ·(Φ⁻¹(δ) − 1) it is Φ(Φ⁻¹(δ) − 1) < δ, with a
+    # margin that survives rounding however large μ is (σ ≈ 1e-9 gives μ ≈ 1e9).
+    upper = mu * mu / 2 - mu * (float(special.ndtri(delta)) - 1.0)
+    for _ in range(64):
+        if _log_delta(upper, mu) < log_target:
+            break
+        upper *= 2
+    else:
+        raise DPVisionError(f"cannot compute ε for μ = {mu:g} at δ = {delta:g}")
     root = float(
         optimize.brentq(
             lambda e: _log_delta(e, mu) - log_target, 0.0, upper, xtol=1e-13, rtol=1e-15

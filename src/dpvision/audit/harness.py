@@ -188,7 +188,12 @@ def run_audit(
         )
     delta = settings.delta if settings.delta is not None else 1 / settings.dataset_size
     config = dataclasses.replace(config, delta=delta)
-    dataset = load_dataset(config.dataset, config.data_dir)
+    dataset = load_dataset(
+        config.dataset,
+        config.data_dir,
+        num_classes=config.num_classes,
+        channels=config.image_channels,
+    )
     candidates = settings.candidates()
 
     def target_for(canary: str, items: tuple[str, ...]) -> AuditTarget:

@@ -158,10 +158,17 @@ class LearnerTarget(AuditTarget):
             data.num_classes,
         )
         sigma = learner.noise_multiplier_
+        fixed_learner = dict(config.learner)
+        if config.method == "dp-sgd-linear":
+            # q and T as on D: with the canary, |D′| = |D| + 1 must not change the mechanism.
+            n = len(self.features)
+            q = learner._sample_rate(n)
+            fixed_learner.update(sample_rate=q, steps=learner._steps(n), expected_batch_size=q * n)
         self.fixed = replace(
             config,
             epsilon=None if sigma is not None else math.inf,
             noise_multiplier=sigma,
+            learner=fixed_learner,
         )
         self.claim = PrivacyClaim.from_ledger(
             learner.privacy_ledger_, config.delta, config.accountant
@@ -190,6 +197,8 @@ class LearnerTarget(AuditTarget):
                 self.channels,
                 self.data.num_classes,
             )
+            if learner.privacy_ledger_.to_dict()["entries"] != self.claim.ledger:
+                raise DPVisionError("the audited runs recorded other releases than claimed")
             scores = torch.from_numpy(learner.decision_function(canary))
             losses[run] = float(_linear_loss(scores[0], self.data.canary_label))
             if progress is not None:

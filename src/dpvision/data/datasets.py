@@ -131,7 +131,12 @@ def available_datasets() -> tuple[str, ...]:
 
 
 def load_dataset(
-    name: str, data_dir: str | Path | None = None, *, download: bool = True
+    name: str,
+    data_dir: str | Path | None = None,
+    *,
+    download: bool = True,
+    num_classes: int | None = None,
+    channels: int | None = None,
 ) -> ImageDataset:
     """Loads a dataset by name (see the module docstring for the names).
 
@@ -146,6 +151,11 @@ def load_dataset(
         download: Whether a missing named dataset may be downloaded into
             ``~/.cache/dpvision/<name>`` (never when ``data_dir`` is given or
             ``DPVISION_OFFLINE`` is set).
+        num_classes: The number of classes. Required for ``npz:`` and ``npy:`` (it fixes the
+            model's output shape, so it is never read off the private labels); for other
+            datasets it must agree with the registry or the class folders when given.
+        channels: ``imagefolder:`` only: 3 (default, every image converted to RGB) or 1
+            (grayscale), never decided by what the private images happen to be.
 
     Returns:
         The dataset, images ``uint8`` ``(N, H, W, C)``, labels ``int64``.
@@ -155,14 +165,14 @@ def load_dataset(
     """
     text = name.strip()
     lowered = text.lower()
+    check_public_shape(text, num_classes, channels)
     for prefix in PATH_PREFIXES:
         if lowered.startswith(prefix):
-            return _load_path_dataset(text, prefix, text[len(prefix) :].strip())
+            path = text[len(prefix) :].strip()
+            return _load_path_dataset(text, prefix, path, num_classes, channels)
     key = _ALIASES.get(lowered, lowered)
     info = DATASETS.get(key)
-    if info is None:
-        choices = ", ".join(available_datasets())
-        raise DPVisionError(f"unknown dataset {name!r}; choose one of: {choices}")
+    assert info is not None  # check_public_shape refused unknown names
     if key == "digits":
         return _make(info, *digits.load_digits_arrays())
     if key in ("mnist", "fashion-mnist"):
@@ -210,18 +220,56 @@ def _find_idx_files(candidate: Path) -> dict[str, Path] | None:
     return {key: path for key, path in found.items() if path is not None}
 
 
-def _load_path_dataset(name: str, prefix: str, raw_path: str) -> ImageDataset:
+def check_public_shape(name: str, num_classes: int | None, channels: int | None) -> None:
+    """Refuses, before any file is read, a dataset whose public shape is not known.
+
+    The number of classes and the image channels fix the shape of the released model, so
+    they must come from the registry or the user, never from the private data (one added
+    example would otherwise be able to change them).
+    """
+    lowered = name.strip().lower()
+    prefix = next((p for p in PATH_PREFIXES if lowered.startswith(p)), None)
+    if prefix is None and dataset_info(name) is None:
+        choices = ", ".join(available_datasets())
+        raise DPVisionError(f"unknown dataset {name!r}; choose one of: {choices}")
+    if num_classes is not None and (isinstance(num_classes, bool) or num_classes < 2):
+        raise DPVisionError(f"num_classes must be an integer >= 2, got {num_classes!r}")
+    if prefix in ("npz:", "npy:") and num_classes is None:
+        raise DPVisionError(
+            f"dataset {name} needs its number of classes: set num_classes (e.g. --set "
+            "num_classes=10); it is not read off the labels, which are private"
+        )
+    info = dataset_info(name) if prefix is None else None
+    if info is not None and num_classes is not None and num_classes != info.num_classes:
+        raise DPVisionError(
+            f"num_classes = {num_classes} but {info.name} has {info.num_classes} classes"
+        )
+    if channels is not None and (prefix != "imagefolder:" or channels not in (1, 3)):
+        raise DPVisionError(
+            "image_channels is for imagefolder: datasets only, and must be 1 (grayscale) or "
+            f"3 (RGB), got {channels!r} for {name}"
+        )
+
+
+def _load_path_dataset(
+    name: str, prefix: str, raw_path: str, num_classes: int | None, channels: int | None
+) -> ImageDataset:
     """Loads ``npz:PATH``, ``npy:PATH`` or ``imagefolder:PATH``."""
     if not raw_path:
         raise DPVisionError(f"dataset {name!r} names no path; write {prefix}PATH")
     path = Path(raw_path).expanduser()
-    if prefix == "npz:":
-        x_train, y_train, x_test, y_test, num_classes = npzfiles.load_array_npz(path)
-        return ImageDataset(name, x_train, y_train, x_test, y_test, num_classes=num_classes)
-    if prefix == "npy:":
-        x_train, y_train, x_test, y_test, num_classes = npzfiles.load_array_folder(path)
-        return ImageDataset(name, x_train, y_train, x_test, y_test, num_classes=num_classes)
-    x_train, y_train, x_test, y_test, classes = imagefolder.load_image_folder(path)
+    if prefix in ("npz:", "npy:"):
+        assert num_classes is not None  # check_public_shape
+        load = npzfiles.load_array_npz if prefix == "npz:" else npzfiles.load_array_folder
+        x_train, y_train, x_test, y_test, m = load(path, num_classes)
+        return ImageDataset(name, x_train, y_train, x_test, y_test, num_classes=m)
+    x_train, y_train, x_test, y_test, classes = imagefolder.load_image_folder(
+        path, channels=channels or 3
+    )
+    if num_classes is not None and num_classes != len(classes):
+        raise DPVisionError(
+            f"num_classes = {num_classes} but {path}/train has {len(classes)} class folders"
+        )
     return ImageDataset(
         name, x_train, y_train, x_test, y_test, num_classes=len(classes), class_names=classes
     )

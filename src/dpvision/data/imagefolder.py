@@ -3,8 +3,9 @@
 Classes are the sub-folders of ``ROOT/train``, sorted alphabetically; class ``i`` is the ``i``-th
 name. ``ROOT/test`` may contain a subset of those classes. Files ending in ``.png``, ``.jpg`` or
 ``.jpeg`` (any case) are read with Pillow; other files (``.DS_Store``, notes) are ignored. All
-images must have the same width and height. The dataset is grayscale (one channel) when every
-image is grayscale, otherwise every image is converted to RGB (an alpha channel is dropped).
+images must have the same width and height. Every image is converted to RGB (three channels,
+an alpha channel dropped), or to grayscale with ``channels=1``: the caller decides, because
+the input shape of the model must not depend on what the private images happen to be.
 
 The images are private data; this module only reads them and releases nothing.
 """
@@ -23,16 +24,15 @@ __all__ = ["IMAGE_SUFFIXES", "load_image_folder"]
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg"})
 """File suffixes (lower case) that are read as images."""
 
-_GRAYSCALE_MODES = frozenset({"1", "L", "LA", "I", "I;16", "F"})
-
 
 def load_image_folder(
-    root: Path,
+    root: Path, channels: int = 3
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]]:
     """Reads ``root/train`` and ``root/test`` (see the module docstring).
 
     Args:
         root: The dataset folder.
+        channels: 3 (RGB) or 1 (grayscale): what every image is converted to.
 
     Returns:
         ``(train_images, train_labels, test_images, test_labels, class_names)`` with images
@@ -72,8 +72,10 @@ def load_image_folder(
     }
     all_files = [path for split in files.values() for path, _ in split]
 
+    if channels not in (1, 3):
+        raise DPVisionError(f"channels must be 1 (grayscale) or 3 (RGB), got {channels!r}")
+    grayscale = channels == 1
     reference: tuple[Path, tuple[int, int]] | None = None
-    grayscale = True
     for path in all_files:
         with _open(Image, path) as image:
             if reference is None:
@@ -84,7 +86,6 @@ def load_image_folder(
                     f"{path}: image is {w}x{h} but {ref_path} is {ref_w}x{ref_h}; resize all "
                     "images to one size"
                 )
-            grayscale = grayscale and image.mode in _GRAYSCALE_MODES
     mode = "L" if grayscale else "RGB"
 
     out: list[np.ndarray] = []

@@ -175,11 +175,15 @@ def as_labels(array: np.ndarray, where: str) -> np.ndarray:
     return array.astype(np.int64)
 
 
-def load_array_npz(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+def load_array_npz(
+    path: Path, num_classes: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
     """Reads a generic ``npz:PATH`` dataset (see the module docstring).
 
     Args:
         path: The ``.npz`` archive.
+        num_classes: The number of classes, given by the user (never read off the private
+            labels: it fixes the model's output shape); labels must lie below it.
 
     Returns:
         ``(train_images, train_labels, test_images, test_labels, num_classes)``.
@@ -190,7 +194,7 @@ def load_array_npz(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.n
     fix = "expected arrays x_train, y_train, x_test, y_test (see dpvision.data.npzfiles)"
     arrays = read_npz(path, ARRAY_KEYS, fix)
     splits = _convert(path, arrays, ("x_train", "y_train"), ("x_test", "y_test"))
-    num_classes = int(max(splits[1].max(initial=0), splits[3].max(initial=0))) + 1
+    check_labels(path, splits, ("y_train", "y_test"), num_classes, "set num_classes to match")
     return (*splits, num_classes)
 
 
@@ -233,13 +237,24 @@ def load_medmnist(
     splits = _convert(
         path, arrays, ("train_images", "train_labels"), ("test_images", "test_labels")
     )
-    for labels, key in ((splits[1], "train_labels"), (splits[3], "test_labels")):
+    check_labels(path, splits, ("train_labels", "test_labels"), num_classes, fix)
+    return splits
+
+
+def check_labels(
+    path: Path,
+    splits: tuple[np.ndarray, ...],
+    keys: tuple[str, str],
+    num_classes: int,
+    fix: str,
+) -> None:
+    """Raises a one-line error unless both splits' labels lie in 0..num_classes−1."""
+    for labels, key in ((splits[1], keys[0]), (splits[3], keys[1])):
         if labels.size and labels.max() >= num_classes:
             raise DPVisionError(
                 f"{path}: {key} go up to {labels.max()} but this dataset has {num_classes} "
                 f"classes; {fix}"
             )
-    return splits
 
 
 def _convert(
@@ -285,13 +300,16 @@ def read_npy(file: Path, *, mmap: bool, fix: str) -> np.ndarray:
     return array
 
 
-def load_array_folder(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+def load_array_folder(
+    path: Path, num_classes: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
     """Reads a ``npy:DIR`` dataset: ``x_train.npy``, ``y_train.npy``, ``x_test.npy`` and
     ``y_test.npy`` in one folder, the images **memory-mapped** (read-only), not loaded.
 
     This is the format for image sets larger than memory: the images must already be
     ``uint8`` ``(N, H, W)`` or ``(N, H, W, C)`` (converting would read them all), and are read
-    from disk a batch at a time by whoever indexes them. Labels are loaded.
+    from disk a batch at a time by whoever indexes them. Labels are loaded and must lie
+    below ``num_classes`` (given by the user, never read off the private labels).
 
     Returns:
         ``(train_images, train_labels, test_images, test_labels, num_classes)``.
@@ -312,5 +330,5 @@ def load_array_folder(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, n
             )
         arrays[key] = array
     splits = _convert(path, arrays, ("x_train", "y_train"), ("x_test", "y_test"))
-    num_classes = int(max(splits[1].max(initial=0), splits[3].max(initial=0))) + 1
+    check_labels(path, splits, ("y_train", "y_test"), num_classes, "set num_classes to match")
     return (*splits, num_classes)

@@ -58,7 +58,9 @@ class FeatureFiles(LabelledSplits):
     num_classes: int
 
 
-def load_feature_files(path: str | Path, dataset: str) -> FeatureFiles:
+def load_feature_files(
+    path: str | Path, dataset: str, num_classes: int | None = None
+) -> FeatureFiles:
     """Opens the four ``.npy`` files of a ``precomputed:path=DIR`` folder.
 
     Args:
@@ -67,6 +69,8 @@ def load_feature_files(path: str | Path, dataset: str) -> FeatureFiles:
             its number of classes bounds the labels) or any other plain name (``imagenet``,
             ``my-xrays``). Path datasets (``npz:``, ``npy:``, ``imagefolder:``) are refused:
             their images would be ignored.
+        num_classes: The number of classes; required for a name dpvision does not know
+            (never read off the labels, which are private), else it must match.
 
     Returns:
         The features and labels, the feature matrices memory-mapped.
@@ -89,6 +93,16 @@ def load_feature_files(path: str | Path, dataset: str) -> FeatureFiles:
         raise DPVisionError(
             f"with precomputed features, dataset names what they are features of (cifar10, "
             f"imagenet, …), not a path; got {dataset!r}"
+        )
+    info = dataset_info(name)
+    if info is None and num_classes is None:
+        raise DPVisionError(
+            f"features of {name!r}, a dataset dpvision does not know, need num_classes (e.g. "
+            "--set num_classes=1000); it is not read off the labels, which are private"
+        )
+    if info is not None and num_classes is not None and num_classes != info.num_classes:
+        raise DPVisionError(
+            f"num_classes = {num_classes} but {info.name} has {info.num_classes} classes"
         )
     folder = Path(path).expanduser()
     fix = (
@@ -122,8 +136,8 @@ def load_feature_files(path: str | Path, dataset: str) -> FeatureFiles:
     if len(arrays["x_train"]) == 0:
         raise DPVisionError(f"{folder / 'x_train.npy'}: the training split is empty")
     largest = int(max(arrays["y_train"].max(initial=0), arrays["y_test"].max(initial=0)))
-    info = dataset_info(name)
-    num_classes = largest + 1 if info is None else info.num_classes
+    num_classes = info.num_classes if info is not None else num_classes
+    assert num_classes is not None  # checked on entry
     if largest >= num_classes:
         raise DPVisionError(
             f"{folder}: labels go up to {largest} but {info.name if info else name} has "

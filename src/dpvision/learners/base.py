@@ -121,14 +121,20 @@ class DPLinearClassifier(ClassifierMixin, BaseEstimator, abc.ABC):  # type: igno
         Privacy:
           Releases the model (and records every noisy statistic in ``privacy_ledger_``).
           The label set {0, …, m−1} and the number of examples n are treated as public, as in
-          the papers; pass ``num_classes`` to fix m in advance. ``prior_ledger`` holds what
+          the papers; m is ``num_classes``, which must be given (read off the labels, it
+          would let one added example change the model's shape). ``prior_ledger`` holds what
           already ran on the same data (e.g. private normalisation) and counts against
           ``target_epsilon``.
         """
         y = np.asarray(y)
         if not np.issubdtype(y.dtype, np.integer):
             raise DPVisionError(f"labels must be integers 0..m-1, got dtype {y.dtype}")
-        num_classes = self.num_classes if self.num_classes is not None else int(y.max()) + 1
+        if self.num_classes is None:
+            raise DPVisionError(
+                "give num_classes: the number of classes fixes the model's shape, so it must "
+                "be public, not read off the private labels"
+            )
+        num_classes = int(self.num_classes)
         check_features(X, y, num_classes)
         n, d = X.shape
         ledger = PrivacyLedger(prior_ledger.entries if prior_ledger is not None else ())

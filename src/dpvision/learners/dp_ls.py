@@ -42,7 +42,7 @@ class DPLeastSquares(DPLinearClassifier):
         λ = max(1e-6·n, 2σ√d)·C², a multiple of the spectral norm of the symmetrised noise.
       accountant: which accountant measures ε (``None``: the tightest valid one).
       random_state: seeds the noise (``None``: fresh OS entropy).
-      num_classes: m; ``None`` infers max(y)+1 (the label set is treated as public).
+      num_classes: m, required (public: never read off the private labels).
       chunk_size: rows per chunk when accumulating statistics.
       max_block_bytes: memory for the per-class d×d matrices solved at once (classes are
         processed in blocks, so m·d² need not fit in memory); the solve needs about four

@@ -95,6 +95,10 @@ class DPSGDLinear(DPLinearClassifier):
       clip_norm: C, the L2 bound on each example's gradient (weights and bias together).
       batch_size: expected Poisson batch size B (sample rate q = B/n); ``None`` = full batch.
       epochs: training length; steps T = ceil(epochs·n/B) (= epochs for full batch).
+      sample_rate, steps: q and T themselves, overriding ``batch_size`` and ``epochs``, for a
+        mechanism fixed before the data are seen (the audit runs D and D′ at the same q, T).
+      expected_batch_size: the public divisor of the noisy sum (default qn, with n treated
+        as public); fix it to run D and D′ with the very same post-processing.
       learning_rate, optimizer (``"sgd"``, ``"momentum"``, ``"adam"``), momentum, betas:
         the first-order optimizer applied to the privatised gradient.
       loss: ``"softmax"`` cross-entropy, or one-vs-all ``"sigmoid"`` cross-entropy (Mehta
@@ -129,6 +133,9 @@ class DPSGDLinear(DPLinearClassifier):
         random_state: int | None = None,
         num_classes: int | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
+        sample_rate: float | None = None,
+        steps: int | None = None,
+        expected_batch_size: float | None = None,
     ) -> None:
         self.target_epsilon = target_epsilon
         self.target_delta = target_delta
@@ -147,8 +154,15 @@ class DPSGDLinear(DPLinearClassifier):
         self.random_state = random_state
         self.num_classes = num_classes
         self.chunk_size = chunk_size
+        self.sample_rate = sample_rate
+        self.steps = steps
+        self.expected_batch_size = expected_batch_size
 
     def _sample_rate(self, n: int) -> float:
+        if self.sample_rate is not None:
+            if not 0 < self.sample_rate <= 1:
+                raise DPVisionError(f"sample_rate must be in (0, 1], got {self.sample_rate}")
+            return float(self.sample_rate)
         if self.batch_size is None or self.batch_size >= n:
             return 1.0
         if self.batch_size < 1:
@@ -156,6 +170,10 @@ class DPSGDLinear(DPLinearClassifier):
         return self.batch_size / n
 
     def _steps(self, n: int) -> int:
+        if self.steps is not None:
+            if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 1:
+                raise DPVisionError(f"steps must be a whole number >= 1, got {self.steps!r}")
+            return self.steps
         if not self.epochs > 0:
             raise DPVisionError(f"epochs must be > 0, got {self.epochs}")
         return max(1, math.ceil(self.epochs / self._sample_rate(n) - 1e-9))
@@ -181,7 +199,7 @@ class DPSGDLinear(DPLinearClassifier):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         n, d = features.shape
         q, steps = self._sample_rate(n), self._steps(n)
-        expected_batch = q * n
+        expected_batch = self.expected_batch_size or q * n
         weight = torch.zeros(num_classes, d, dtype=torch.float64)
         bias_init = (
             self.bias_init

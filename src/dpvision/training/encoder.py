@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from dpvision.errors import DPVisionError
+from dpvision.fileio import load_torch
 from dpvision.models.heads import head_name, replace_head
 
 ENCODER_FORMAT = "dpvision-encoder-v1"
@@ -85,7 +86,7 @@ def read_encoder(path: str | Path) -> tuple[EncoderInfo, dict[str, torch.Tensor]
             f"encoder file {path} not found; make one with `dpvision pretrain --out {path}`"
         )
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        payload = load_torch(path)
     except Exception as error:
         raise DPVisionError(f"cannot read encoder {path} ({type(error).__name__})") from None
     if not isinstance(payload, dict) or payload.get("format") != ENCODER_FORMAT:

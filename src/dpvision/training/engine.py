@@ -171,8 +171,6 @@ class DPSGDStep:
         self.ledger, self.generator, self.views = ledger, generator, views
         self.clipping, self.normalize_update = clipping, normalize_update
         self.workers = workers or Workers()
-        self.nonfinite = 0
-        self.last_batch_size = 0
 
     def __call__(self, micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Applies one logical step whose examples arrive as (inputs, targets) micro-batches.
@@ -183,18 +181,15 @@ class DPSGDStep:
         params = [p for p in self.model.parameters() if p.requires_grad]
         names = [k for k, p in self.model.named_parameters() if p.requires_grad]
         total = [torch.zeros_like(p) for p in params]
-        counts = torch.zeros(2, dtype=torch.int64)  # examples, non-finite gradients
         for inputs, targets in micro_batches:
             if len(inputs) == 0:
                 continue
             clipped = self._clip(inputs, targets)
-            counts += torch.tensor([len(inputs), clipped.nonfinite])
             for acc, name in zip(total, names, strict=True):
                 acc += clipped.grads[name]
-        # Exact sums over every rank's share, then the noise once (Algorithm 1).
-        self.workers.all_reduce_([*total, counts])
-        self.last_batch_size = int(counts[0])
-        self.nonfinite += int(counts[1])
+        # Exact sums over every rank's share, then the noise once (Algorithm 1). No count of
+        # the batch's examples or of its non-finite gradients is kept: both are private.
+        self.workers.all_reduce_(total)
         privatize_gradients(
             list(zip(total, params, strict=True)),
             noise_multiplier=self.noise_multiplier,

@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from dpvision.errors import DPVisionError
+from dpvision.fileio import load_torch
 from dpvision.training.contrastive import align_uniform_loss, contrastive_views
 from dpvision.training.encoder import EncoderInfo, save_encoder
 
@@ -244,13 +245,17 @@ class _Images:
     def state_dict(self) -> dict[str, Any]:
         return {
             "order": self.order.bit_generator.state,
-            "permutation": self.permutation.copy(),
+            # A tensor, not a NumPy array: checkpoints are read without unpickling objects.
+            "permutation": torch.from_numpy(self.permutation.copy()),
             "position": self.position,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.order.bit_generator.state = state["order"]
-        self.permutation = np.asarray(state["permutation"], dtype=np.int64)
+        permutation = state["permutation"]
+        if isinstance(permutation, torch.Tensor):
+            permutation = permutation.numpy()
+        self.permutation = np.asarray(permutation, dtype=np.int64)
         self.position = int(state["position"])
 
 
@@ -389,7 +394,7 @@ class _Session:
     def resume(self, path: Path) -> None:
         """Restores a checkpoint; refuses one of other options (and leaves it alone)."""
         try:
-            payload = torch.load(path, map_location="cpu", weights_only=False)
+            payload = load_torch(path)
         except Exception as error:
             raise DPVisionError(
                 f"cannot read checkpoint {path} ({type(error).__name__}); it was left untouched"

@@ -39,6 +39,7 @@ from dpvision.accounting import PrivacyLedger
 from dpvision.config import TrainConfig
 from dpvision.distributed import Workers, current
 from dpvision.errors import DPVisionError
+from dpvision.fileio import load_torch
 from dpvision.training.encoder import EncoderInfo
 from dpvision.training.engine import DPSGDStep, ParameterEMA
 from dpvision.training.options import DPSGDOptions, parse_model
@@ -232,7 +233,8 @@ def run_dpsgd(
         "n_test": len(data.test_y),
         "num_features": int(np.prod(data.train_x.shape[1:])),
         "num_parameters": int(sum(p.numel() for p in model.parameters())),
-        "nonfinite_gradients": step_fn.nonfinite,
+        # Post-processing of the releases: whether the released model blew up.
+        "diverged": not all(bool(torch.isfinite(p).all()) for p in model.parameters()),
         "seed": config.seed,
         "wall_seconds": time.perf_counter() - start,
         "train_seconds": train_seconds,
@@ -328,7 +330,12 @@ def _load_data(config: TrainConfig, options: DPSGDOptions, seed: int, quiet: boo
     from dpvision.pipeline import preprocess
 
     _say(f"loading dataset {config.dataset}", quiet)
-    dataset = load_dataset(config.dataset, config.data_dir)
+    dataset = load_dataset(
+        config.dataset,
+        config.data_dir,
+        num_classes=config.num_classes,
+        channels=config.image_channels,
+    )
     ledger = PrivacyLedger()
     train_y = torch.as_tensor(np.asarray(dataset.train_labels), dtype=torch.long)
     test_y = torch.as_tensor(np.asarray(dataset.test_labels), dtype=torch.long)
@@ -817,7 +824,6 @@ def save_checkpoint(
         "sampler": state["sampler"].state_dict(),
         "noise": state["noise"].get_state(),
         "augment": state["augment"].get_state(),
-        "nonfinite": state["step_fn"].nonfinite,
         "history": list(state["history"]),
         "ledger": ledger.to_json(),
     }
@@ -829,7 +835,7 @@ def save_checkpoint(
 
 def _read_checkpoint(path: Path) -> dict[str, Any]:
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=False)
+        payload = load_torch(path)
     except Exception as error:
         raise DPVisionError(
             f"cannot read checkpoint {path} ({type(error).__name__}); it was left untouched: "
@@ -870,7 +876,6 @@ def _resume(
         state["ema"].load_state_dict(payload["ema"])
     state["noise"].set_state(payload["noise"])
     state["augment"].set_state(payload["augment"])
-    state["step_fn"].nonfinite = payload["nonfinite"]
     state["history"][:] = payload["history"]
     return PrivacyLedger.from_json(payload["ledger"])
 

@@ -1,7 +1,7 @@
 """Reading the files dpvision writes, without running code from them.
 
 A checkpoint or encoder may come from someone else or sit in a shared folder. ``torch.load``
-with ``weights_only=False`` unpickles arbitrary objects, so opening such a file would run
+without ``weights_only`` unpickles arbitrary objects, so opening such a file would run
 whatever code it names. Every torch file dpvision reads goes through :func:`load_torch`:
 only tensors, the plain containers (dict, list, tuple), numbers, strings and None are
 accepted, and anything else (a pickled function, class or ``os.system`` call) is an error.

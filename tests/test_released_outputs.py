@@ -63,6 +63,28 @@ def _train(tmp_path: Path, *args: str) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Phase I encoder for digits' 8x8 gray images (synthetic data: public)."""
+    from dpvision.training.pretrain import PretrainOptions, pretrain
+
+    path = tmp_path_factory.mktemp("encoder") / "enc.pt"
+    options = {"model": "mlp-16", "synthetic": "dead-leaves-mixed", "size": 8, "channels": 1}
+    options |= {"num_images": 64, "batch_size": 32, "steps": 3}
+    pretrain(PretrainOptions.from_dict(options), path, quiet=True)
+    return path
+
+
+def test_every_dp_randp_result_field_is_justified(tmp_path, encoder):
+    sets = [f"learner.encoder='{encoder}'", "learner.model='mlp-16'", "learner.steps=4"]
+    args = ["--method", "dp-randp"]
+    for item in [*sets, "learner.batch_size=64"]:
+        args += ["--set", item]
+    result = _train(tmp_path, *args)
+    assert not sorted(set(result) - set(JUSTIFIED))
+    assert {"phase2_steps", "phase2_epsilon"} <= set(result)
+
+
 @pytest.mark.parametrize(
     "args",
     [

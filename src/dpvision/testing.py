@@ -316,12 +316,16 @@ def dpsgd_release(
     views: bool = False,
     physical_batch_size: int | None = None,
     steps: int = 1,
+    workers: Any = None,
 ) -> Run:
     """``run((inputs, targets))``: DP-SGD engine steps on a copy of ``model``, noise off.
 
     Every step uses the whole dataset as its batch (q = 1), split into physical batches of
     ``physical_batch_size`` examples; the copy's parameters do not move (learning rate 0),
-    so each step releases the clipped gradient sum at the same parameters.
+    so each step releases the clipped gradient sum at the same parameters. Under
+    ``torchrun``, pass ``workers`` (:func:`dpvision.distributed.current`): each rank clips
+    its contiguous share of the batch and the sums are all-reduced before the release, as in
+    ``dpvision train``.
     """
     from dpvision.accounting import PrivacyLedger
     from dpvision.training.engine import DPSGDStep
@@ -330,6 +334,9 @@ def dpsgd_release(
 
     def run(data: Data) -> None:
         inputs, targets = (torch.as_tensor(d) for d in data[:2])
+        if workers is not None:  # this rank's share of the logical batch
+            start, stop = workers.row_range(len(inputs))
+            inputs, targets = inputs[start:stop], targets[start:stop]
         copy_ = copy.deepcopy(model)
         params = [p for p in copy_.parameters() if p.requires_grad]
         step = DPSGDStep(
@@ -344,6 +351,7 @@ def dpsgd_release(
             generator=torch.Generator(),
             views=views,
             clipping=clipping,
+            workers=workers,
         )
         size = physical_batch_size or max(1, len(inputs))
         for _ in range(steps):

@@ -136,3 +136,28 @@ def test_canaries(digits):
         make_audit_data(digits, size=10, canary="rainbow")
     with pytest.raises(DPVisionError, match="exceeds"):
         make_audit_data(digits, size=10**6, canary="blank")
+
+
+def test_learner_target_runs_d_prime_with_the_claimed_rate(digits, monkeypatch):
+    # Before: D′ (with the canary, n + 1 examples) ran DP-SGD-linear at q = B/(n + 1) and
+    # T = ceil(E(n + 1)/B), while the claim was computed at B/n and T = ceil(En/B).
+    import dpvision.pipeline
+
+    data = make_audit_data(digits, size=50, canary="mislabeled")
+    sets = ["learner.batch_size=20", "learner.epochs=2"]
+    config = resolve(None, {"method": "dp-sgd-linear", "epsilon": 2.0, "delta": 0.02}, sets)
+    target = make_target(config, data)
+    (claimed,) = target.claim.ledger
+    assert (claimed["sample_rate"], claimed["count"]) == (20 / 50, 5)
+    fits = []
+    fit = dpvision.pipeline.fit_learner
+
+    def spy(*args, **kwargs):
+        result = fit(*args, **kwargs)
+        fits.append(result[0].privacy_ledger_.to_dict()["entries"])
+        return result
+
+    monkeypatch.setattr(dpvision.pipeline, "fit_learner", spy)
+    target.canary_losses(True, 2, seed=0)
+    target.canary_losses(False, 2, seed=0)
+    assert fits == [target.claim.ledger] * 4

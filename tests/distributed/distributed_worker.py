@@ -107,6 +107,32 @@ def noise_added_per_worker(steps: int, workers: Workers) -> torch.Tensor:
     return torch.stack(rows)
 
 
+def sensitivities(workers: Workers) -> dict[str, tuple[float, str | None]]:
+    """check_sensitivity of the DP-SGD engine and of DP-LS, each rank holding its share."""
+    from dpvision.learners import DPLeastSquares
+    from dpvision.testing import check_sensitivity, dpsgd_release
+
+    rng = np.random.default_rng(0)
+    x, y = torch.from_numpy(rng.standard_normal((11, 5))), torch.from_numpy(rng.integers(0, 3, 11))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(5, 6), torch.nn.Tanh(), torch.nn.Linear(6, 3)
+    ).double()
+    out = {}
+    for name, release in [
+        ("dp-sgd", dpsgd_release(model, max_grad_norm=1.0, physical_batch_size=2, workers=workers)),
+        ("dp-ls", DPLeastSquares(num_classes=3, clip_norm=0.7, random_state=0)),
+    ]:
+        report = check_sensitivity(
+            release,
+            (x, y) if name == "dp-sgd" else (x.numpy(), y.numpy()),
+            positions=[0, 5, 11],
+            scale=30.0,
+        )
+        out[name] = (report.max_ratio if report.ok else float("inf"), report.refusal)
+    return out
+
+
 def main(case: str, out_dir: str, *paths: str) -> None:
     workers = init_from_env()
     assert current() == workers
@@ -117,6 +143,8 @@ def main(case: str, out_dir: str, *paths: str) -> None:
         result = noise_of_steps(40, workers)
     elif case == "noise-per-worker":
         result = noise_added_per_worker(40, workers)
+    elif case == "sensitivity":
+        result = sensitivities(workers)
     else:
         raise SystemExit(f"unknown case {case}")
     torch.save(

@@ -45,6 +45,18 @@ def _ranks(out: Path, case: str, processes: int = 2) -> list[Any]:
 # --- the share of each rank ------------------------------------------------------------
 
 
+def test_one_example_moves_a_two_process_release_by_at_most_its_sensitivity(
+    tmp_path: Path,
+) -> None:
+    """check_sensitivity under torchrun: each rank clips its share, the sums are reduced."""
+    _torchrun(str(WORKER), "sensitivity", str(tmp_path))
+    per_rank = _ranks(tmp_path, "sensitivity")
+    assert per_rank[0] == per_rank[1]  # every rank saw the same releases
+    for name, (ratio, refusal) in per_rank[0].items():
+        assert refusal is None, name
+        assert 0.99 < ratio <= 1 + 1e-6, f"{name}: moved {ratio} x its sensitivity"
+
+
 def test_shares_partition_the_logical_batch() -> None:
     batch = np.flatnonzero(np.random.default_rng(0).random(1000) < 0.3)
     for world in (1, 2, 3, 7):

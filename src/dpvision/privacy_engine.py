@@ -66,6 +66,7 @@ from dpvision.training.batch_layout import batch_tensor, check_batch_layout, sig
 from dpvision.training.bookkeeping import (
     ActivationTape,
     clip_terms,
+    trainable_params,
     unclipped_mismatch,
     unsupported_layers,
 )
@@ -117,7 +118,7 @@ class PrivateModule(nn.Module):
         if key not in self._checked and rows >= 2 * self.views:
             check_batch_layout(self._module, self._tape.layers, args, kwargs, views=self.views)
             self._checked.add(key)
-            self._tape.capture_parameter_grads(_trainable(self._module))
+            self._tape.capture_parameter_grads(trainable_params(self._module))
         return self._module(*args, **kwargs)
 
     @contextmanager
@@ -139,10 +140,6 @@ class PrivateModule(nn.Module):
     def remove_hooks(self) -> None:
         """Detaches the recording hooks (the module then trains without privacy)."""
         self._tape.detach()
-
-
-def _trainable(module: nn.Module) -> dict[str, torch.Tensor]:
-    return {k: p for k, p in module.named_parameters() if p.requires_grad}
 
 
 class DPOptimizer(torch.optim.Optimizer):
@@ -203,7 +200,7 @@ class DPOptimizer(torch.optim.Optimizer):
         self.sample_rate, self.expected_batch_size = sample_rate, sample_rate * num_examples
         self.views, self.loss_reduction = views, loss_reduction
         self.normalize_update = normalize_update
-        self.params = {k: p for k, p in module.named_parameters() if p.requires_grad}
+        self.params = trainable_params(module)
         self.ema = None if ema_decay is None else ParameterEMA(module, ema_decay)
         self.summed = {k: torch.zeros_like(p) for k, p in self.params.items()}
         self.steps = 0

@@ -198,13 +198,7 @@ class ActivationTape:
 
     def gradient_passes(self) -> list[int]:
         """The passes (indices into ``pass_rows``) whose layer calls received gradients."""
-        found = {
-            self.call_pass[module][index]
-            for module, grads in self.grads.items()
-            for index in grads
-            if index < len(self.call_pass[module])
-        }
-        return sorted(found)
+        return sorted({self.call_pass[m][i] for m, grads in self.grads.items() for i in grads})
 
     def _record(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
@@ -320,7 +314,8 @@ def clip_terms(
     )
 
 
-def _trainable_params(model: nn.Module) -> dict[str, torch.Tensor]:
+def trainable_params(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Name → parameter, for the parameters of ``model`` that require gradients."""
     return {name: p for name, p in model.named_parameters() if p.requires_grad}
 
 
@@ -335,7 +330,7 @@ def _bookkeeping_sum(
     mask: torch.Tensor | None,
     strategy: Strategy = "auto",
 ) -> ClippedGradientSum:
-    params = _trainable_params(model)
+    params = trainable_params(model)
     batch = inputs.shape[0]
     k = inputs.shape[1] if views else 1
     if batch == 0 or k == 0:
@@ -348,7 +343,7 @@ def _bookkeeping_sum(
         )
     flat = inputs.reshape(batch * k, *inputs.shape[2:]) if views else inputs
     labels = targets.repeat_interleave(k) if views else targets
-    verify = _first_use(model, flat)
+    verify = _first_use(model, flat)  # the call signature to verify, or None
     tape = ActivationTape(model, mode="edges")
     with tape.attached(), torch.enable_grad():
         losses = loss_fn(model(flat), labels)
@@ -359,7 +354,7 @@ def _bookkeeping_sum(
             )
         # Each view weighs 1/K: example i's gradient is the mean of its K view-gradients.
         total = losses.reshape(batch * k, -1).mean(1).sum() / k
-        names = list(params) if verify else []
+        names = list(params) if verify is not None else []
         edges = len(tape.edges)
         sources = [*tape.edges, *(params[name] for name in names)]
         grads: tuple[torch.Tensor | None, ...] = ()
@@ -371,9 +366,11 @@ def _bookkeeping_sum(
             if any(x.shape[0] != batch * k or g.shape[0] != batch * k for x, g in calls):
                 raise _UnsupportedError(f"layer {path or 'root'} did not see one row per view")
             terms.append((path, layer_terms(module, calls, k, strategy)))
-    if verify:
-        true = dict(zip(names, grads[edges:], strict=True))
-        _check_complete(model, flat, terms, true, batch)
+    if verify is not None:
+        reason = unclipped_mismatch(terms, dict(zip(names, grads[edges:], strict=True)), batch)
+        if reason is not None:
+            _VERDICTS[model][verify] = reason
+            raise _UnsupportedError(reason)
     return clip_terms(terms, params, batch, max_grad_norm=max_grad_norm, mask=mask)
 
 
@@ -384,8 +381,9 @@ _VERDICTS: "weakref.WeakKeyDictionary[nn.Module, dict[Any, str | None]]" = (
 )
 
 
-def _first_use(model: nn.Module, flat: torch.Tensor) -> bool:
-    """Whether this call shape is new for ``model``; probes its layout the first time.
+def _first_use(model: nn.Module, flat: torch.Tensor) -> Any:
+    """The signature of this call if it is new for ``model`` (its layout is then probed and
+    its gradients must be verified), else None.
 
     Raises:
       _UnsupportedError: the layout or an earlier verification ruled book-keeping out.
@@ -396,14 +394,14 @@ def _first_use(model: nn.Module, flat: torch.Tensor) -> bool:
         reason = verdicts[key]
         if reason is not None:
             raise _UnsupportedError(reason)
-        return False
+        return None
     try:
         batch_layout.check_batch_layout(model, _tracked_layers(model), (flat,), {})
     except batch_layout.LayoutError as error:
         verdicts[key] = str(error)
         raise _UnsupportedError(str(error)) from None
     verdicts[key] = None
-    return True
+    return key
 
 
 def unclipped_mismatch(
@@ -423,10 +421,10 @@ def unclipped_mismatch(
             sums[f"{path}.{local}" if path else local] = value
     for name, grad in true.items():
         ours = sums.get(name)
-        if grad is None:
-            grad = torch.zeros_like(ours) if ours is not None else None
-        if grad is None:
+        if grad is None and ours is None:
             continue
+        if grad is None:  # no gradient reached the parameter at all
+            grad = torch.zeros_like(ours)
         ours = torch.zeros_like(grad) if ours is None else ours.to(grad.dtype)
         error = float(torch.linalg.vector_norm(ours - grad))
         if not error <= 1e-3 * float(torch.linalg.vector_norm(grad)) + 1e-6:
@@ -435,19 +433,6 @@ def unclipped_mismatch(
                 f"F.linear(x, layer.weight)), which per-layer clipping cannot see"
             )
     return None
-
-
-def _check_complete(
-    model: nn.Module,
-    flat: torch.Tensor,
-    terms: list[tuple[str, LayerTerms]],
-    true: Mapping[str, torch.Tensor | None],
-    batch: int,
-) -> None:
-    reason = unclipped_mismatch(terms, true, batch)
-    if reason is not None:
-        _VERDICTS[model][batch_layout.signature(model, (flat,), {})] = reason
-        raise _UnsupportedError(reason)
 
 
 def clip_and_sum(

@@ -34,7 +34,7 @@ import torch
 
 from dpvision.audit import AuditSettings, audit_config, run_audit
 from dpvision.audit.canaries import CANARIES
-from dpvision.pipeline import write_json_atomic
+from dpvision.fileio import write_json_atomic
 
 RESULTS = Path(__file__).parent / "results"
 FOLDER = RESULTS / "audit"

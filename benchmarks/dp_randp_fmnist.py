@@ -108,7 +108,7 @@ def _random_encoder() -> None:
 
     import torch
 
-    from dpvision.training.encoder import build_body, read_encoder, save_encoder
+    from dpvision.models.encoder import build_body, read_encoder, save_encoder
     from dpvision.training.pretrain import _seeds
 
     info, _ = read_encoder(PRETRAINED)
@@ -146,7 +146,7 @@ def _probe_config(method: str, features: str, kind: str, epsilon: float, seed: i
 
 
 def _probe(report_only: bool) -> None:
-    from dpvision.pipeline import run_training
+    from dpvision.runs.train import run_training
 
     folder = FOLDER / "probe"
     folder.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ Rows (``ROWS``):
 
 * ``non-private``: forward, mean cross-entropy over all input rows, backward, SGD step.
 * ``dpvision-bookkeeping``: :class:`dpvision.training.DPSGDStep` with
-  ``clipping="bookkeeping"`` (:mod:`dpvision.training.bookkeeping`). Where that module is
+  ``clipping="bookkeeping"`` (:mod:`dpvision.per_example.bookkeeping`). Where that module is
   missing or fails to import, the row is "not available" with the error: never a number.
 * ``dpvision-vmap``: DPSGDStep with ``clipping="vmap"``: ``torch.func`` per-example gradients
   (:func:`dpvision.training.clipped_gradient_sum`).
@@ -244,11 +244,11 @@ def unavailable(row: str, setup: Setup) -> tuple[str, str] | None:
             )
     if row == "dpvision-bookkeeping":
         try:
-            from dpvision.training.bookkeeping import clip_and_sum  # noqa: F401
+            from dpvision.per_example.bookkeeping import clip_and_sum  # noqa: F401
         except Exception as error:  # absent or broken: reported in the row, never timed
             return (
                 "not available",
-                f"dpvision.training.bookkeeping: {type(error).__name__}: {error}",
+                f"dpvision.per_example.bookkeeping: {type(error).__name__}: {error}",
             )
     return None
 

@@ -2,7 +2,7 @@
 
 Every learner (dp-ls, dp-newton, dp-fc, dp-sgd-linear) × features (pixels, scatternet),
 δ = 1e-5, median of 3 seeds, plus the non-private ceiling (ε = ∞, same hyper-parameters,
-one seed) of each. Each run goes through :func:`dpvision.pipeline.run_training`, the code
+one seed) of each. Each run goes through :func:`dpvision.runs.train.run_training`, the code
 behind ``dpvision train``, and ε is read back from the run's privacy ledger.
 
 Hyper-parameters (``SETUPS``) were chosen on a held-out split of the *training* set (the
@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from dpvision.config import PreprocessingConfig, TrainConfig, validate
-from dpvision.pipeline import run_training, write_json_atomic
+from dpvision.fileio import write_json_atomic
+from dpvision.runs.train import run_training
 
 EPSILONS = (0.1, 0.5, 1.0, 3.0)
 SEEDS = (0, 1, 2)

@@ -17,7 +17,7 @@ import pytest
 
 from dpvision.accounting import PrivacyLedger
 from dpvision.config import resolve
-from dpvision.pipeline import run_training
+from dpvision.runs.train import run_training
 from dpvision.training.pretrain import PretrainOptions, pretrain
 
 # Seed 000's configs (precomputed ViT features) have their own tests: test_configs_seed000.py.

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from dpvision.config import resolve
-from dpvision.pipeline import run_training
+from dpvision.runs.train import run_training
 
 ROOT = Path(__file__).parent.parent / "configs" / "seed000"
 CONFIGS = sorted(ROOT.rglob("*.toml"))

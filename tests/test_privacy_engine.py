@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from dpvision import DPVisionError, PrivacyEngine
 from dpvision.accounting import calibrate_noise_multiplier
 from dpvision.mechanisms import gaussian_noise
-from dpvision.training import clipped_gradient_sum
+from dpvision.per_example import clipped_gradient_sum
 
 ROW_LOSS = nn.CrossEntropyLoss(reduction="none")
 

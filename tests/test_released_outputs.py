@@ -136,8 +136,8 @@ def planted(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def test_checkpoints_and_encoders_are_read_without_running_code(planted):
-    from dpvision.training.encoder import read_encoder
-    from dpvision.training.trainer import _read_checkpoint
+    from dpvision.models.encoder import read_encoder
+    from dpvision.training.checkpoint import read_checkpoint as _read_checkpoint
 
     path, marker = planted
     with pytest.raises(DPVisionError, match="cannot read checkpoint"):

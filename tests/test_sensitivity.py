@@ -293,8 +293,8 @@ def test_bug6_parameter_used_outside_its_layer():
 
     assert "outside its layer" in report.refusal
     # The engine falls back to vmap: the clipped sum equals the reference (was 0.45 off).
-    from dpvision.training.bookkeeping import clip_and_sum
-    from dpvision.training.per_example import clipped_gradient_sum
+    from dpvision.per_example.bookkeeping import clip_and_sum
+    from dpvision.per_example.reference import clipped_gradient_sum
 
     model = Outside(4, 3).double()
 

@@ -13,8 +13,7 @@ Importing :mod:`dpvision` itself is cheap and imports neither torch nor dp-accou
 from typing import Any
 
 from dpvision.errors import DPVisionError
-
-__version__ = "0.1.0"
+from dpvision.version import __version__
 
 __all__ = ["DPVisionError", "PrivacyEngine", "__version__"]
 
@@ -22,6 +21,7 @@ __all__ = ["DPVisionError", "PrivacyEngine", "__version__"]
 def __getattr__(name: str) -> Any:
     # PrivacyEngine needs torch; importing it lazily keeps `import dpvision` cheap.
     if name == "PrivacyEngine":
+        # local import: start-up time (torch)
         from dpvision.privacy_engine import PrivacyEngine
 
         return PrivacyEngine

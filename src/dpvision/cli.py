@@ -15,11 +15,16 @@ import json
 import math
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from dpvision import __version__
+from dpvision.audit.canaries import CANARIES
+from dpvision.data.synthetic import write_preview
 from dpvision.errors import DPVisionError
+from dpvision.report import report, sweep
 
 EXIT_USAGE = 2
 
@@ -59,6 +64,7 @@ def _whole_number(text: str) -> int:
 
 
 def _add_accountant_argument(parser: argparse.ArgumentParser) -> None:
+    # local import: start-up time
     from dpvision.accounting import Accountant
 
     parser.add_argument(
@@ -270,8 +276,13 @@ def _add_pretrain_parser(commands: Any) -> None:
 
 
 def _run_pretrain(args: argparse.Namespace) -> None:
+    # local import: start-up time
     from dpvision.config import load_toml, parse_override
-    from dpvision.pipeline import write_json_atomic
+
+    # local import: start-up time
+    from dpvision.fileio import write_json_atomic
+
+    # local import: start-up time
     from dpvision.training.pretrain import PretrainOptions, pretrain
 
     raw: dict[str, Any] = {}
@@ -390,7 +401,6 @@ def _add_report_parsers(commands: Any) -> None:
 
 
 def _run_sweep(args: argparse.Namespace) -> None:
-    from dpvision.report import sweep
 
     files = sweep(
         args.config,
@@ -405,7 +415,6 @@ def _run_sweep(args: argparse.Namespace) -> None:
 
 
 def _run_report(args: argparse.Namespace) -> None:
-    from dpvision.report import report
 
     summary = report(args.results, args.out, references=args.references)
     print(f"report written to {summary['report']}")
@@ -416,9 +425,6 @@ def _run_report(args: argparse.Namespace) -> None:
 
 
 def _run_synth(args: argparse.Namespace) -> None:
-    import time
-
-    from dpvision.data.synthetic import write_preview
 
     start = time.perf_counter()
     path = write_preview(
@@ -438,8 +444,14 @@ def _run_synth(args: argparse.Namespace) -> None:
 
 
 def _run_train(args: argparse.Namespace) -> None:
+    # local import: start-up time
     from dpvision.config import resolve
-    from dpvision.pipeline import run_training, summary, write_json_atomic
+
+    # local import: start-up time
+    from dpvision.fileio import write_json_atomic
+
+    # local import: start-up time
+    from dpvision.runs.train import run_training, summary
 
     flags = _flags(args)
     sets = list(args.set)
@@ -447,8 +459,6 @@ def _run_train(args: argparse.Namespace) -> None:
         sets.append(f"learner.phase2_fraction={args.phase2_fraction!r}")
     config = resolve(args.config, flags, sets)
     if args.json:  # fail on an unwritable path before training, not after
-        from pathlib import Path
-
         folder = Path(args.json).parent
         if str(folder) and not folder.is_dir():
             raise DPVisionError(f"cannot write {args.json}: folder {folder} does not exist")
@@ -465,6 +475,7 @@ def _run_train(args: argparse.Namespace) -> None:
         raise
     finally:
         if workers is not None:
+            # local import: start-up time
             from dpvision.distributed import shutdown
 
             shutdown()
@@ -479,6 +490,7 @@ def _run_train(args: argparse.Namespace) -> None:
 
 def _join_torchrun() -> Any:
     """Joins the process group when launched by torchrun with several processes."""
+    # local import: start-up time
     from dpvision.distributed import init_from_env, launched_by_torchrun
 
     return init_from_env() if launched_by_torchrun() else None
@@ -563,11 +575,12 @@ def _add_audit_parser(commands: Any) -> None:
 
 
 def _run_audit(args: argparse.Namespace) -> None:
-    from pathlib import Path
 
+    # local import: start-up time
     from dpvision.audit import AuditSettings, audit_config, parse_sweep, run_audit, summary
-    from dpvision.audit.canaries import CANARIES
-    from dpvision.pipeline import write_json_atomic
+
+    # local import: start-up time
+    from dpvision.fileio import write_json_atomic
 
     for path in (args.histogram, None if args.json == "-" else args.json):
         folder = Path(path).parent if path else None
@@ -607,6 +620,7 @@ def _run_audit(args: argparse.Namespace) -> None:
 
 
 def _accountants_for(sample_rate: float, chosen: str | None) -> list[Any]:
+    # local import: start-up time
     from dpvision.accounting import Accountant
 
     if chosen is not None:
@@ -615,6 +629,7 @@ def _accountants_for(sample_rate: float, chosen: str | None) -> list[Any]:
 
 
 def _default_for(sample_rate: float, chosen: str | None) -> Any:
+    # local import: start-up time
     from dpvision.accounting import Accountant
 
     if chosen is not None:
@@ -623,6 +638,7 @@ def _default_for(sample_rate: float, chosen: str | None) -> Any:
 
 
 def _not_applicable(accountant: Any, sample_rate: float) -> str | None:
+    # local import: start-up time
     from dpvision.accounting import Accountant
 
     if accountant is Accountant.GAUSSIAN and sample_rate != 1:
@@ -663,6 +679,7 @@ def _table_rows(
 
 
 def _run_epsilon(args: argparse.Namespace) -> dict[str, Any] | None:
+    # local import: start-up time
     from dpvision.accounting import compute_epsilon, poisson_gaussian_event
 
     event = poisson_gaussian_event(
@@ -696,6 +713,7 @@ def _run_epsilon(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def _run_noise(args: argparse.Namespace) -> dict[str, Any] | None:
+    # local import: start-up time
     from dpvision.accounting import (
         calibrate_noise_multiplier,
         compute_epsilon,
@@ -749,6 +767,7 @@ def _run_noise(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def _run_steps(args: argparse.Namespace) -> dict[str, Any] | None:
+    # local import: start-up time
     from dpvision.accounting import calibrate_steps, compute_epsilon, poisson_gaussian_event
 
     def solve(accountant: Any) -> tuple[int, float]:

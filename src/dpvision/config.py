@@ -39,41 +39,26 @@ Unknown keys, wrong types and out-of-range values are one-line errors naming the
 """
 
 import dataclasses
+import functools
 import math
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dpvision.accounting import parse_accountant
+from dpvision.data.datasets import PATH_PREFIXES, check_public_shape, dataset_info
 from dpvision.errors import DPVisionError
+from dpvision.features.preprocessing import PREPROCESSING, PreprocessingConfig
+from dpvision.learners import LEARNERS
+from dpvision.training.options import DPSGDOptions
+from dpvision.training.pretrain import PretrainOptions
+
+__all__ = ["PREPROCESSING", "PreprocessingConfig", "TrainConfig", "resolve", "validate"]
 
 METHODS = ("dp-ls", "dp-newton", "dp-fc", "dp-sgd-linear", "dp-sgd", "dp-randp")
 # Phase I options that ``dp-randp`` takes from the run itself rather than from [pretrain].
 _PRETRAIN_FROM_RUN = ("model", "groups", "size", "channels")
-PREPROCESSING = ("none", "group-norm", "private-norm", "center")
-
-
-@dataclass(frozen=True)
-class PreprocessingConfig:
-    """How features are normalised before the learner (see :mod:`dpvision.features.normalization`).
-
-    Attributes:
-      kind: ``none``; ``group-norm`` (per example, free); ``private-norm`` (PrivDataNorm,
-        private per-channel mean/variance); ``center`` (private mean centering).
-      groups: channel groups for ``group-norm``.
-      channels: channels of the feature layout (``None``: 81·C for scatternet, C for pixels).
-      noise_multiplier: σ of each private statistic (``private-norm``, ``center``).
-      mean_clip, square_clip: PrivDataNorm's public clipping thresholds τ_m, τ_s.
-      clip_norm: the feature clipping norm for ``center``.
-    """
-
-    kind: str = "none"
-    groups: int = 27
-    channels: int | None = None
-    noise_multiplier: float = 8.0
-    mean_clip: float = 1.0
-    square_clip: float = 1.0
-    clip_norm: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -123,6 +108,18 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @property
+    def noise_off(self) -> bool:
+        """Whether the run adds no noise (ε = ∞ or σ = 0): a non-private baseline."""
+        return (self.epsilon is not None and math.isinf(self.epsilon)) or (
+            self.noise_multiplier == 0
+        )
+
+    @functools.cached_property
+    def dpsgd(self) -> DPSGDOptions:
+        """``dp-sgd``/``dp-randp``: the ``[learner]`` table, parsed once and typed."""
+        return DPSGDOptions.from_dict(self.learner)
 
 
 def _field_types(cls: type) -> dict[str, Any]:
@@ -188,8 +185,6 @@ def _build(cls: type, raw: dict[str, Any], where: str) -> Any:
 
 def _check_public_shape(config: TrainConfig) -> None:
     """The classes and channels come from the registry or the config, never the data."""
-    from dpvision.data.datasets import PATH_PREFIXES, check_public_shape, dataset_info
-
     name = config.dataset
     is_path = name.strip().lower().startswith(PATH_PREFIXES)
     if config.features.startswith("precomputed") and not is_path:
@@ -207,8 +202,6 @@ def _check_public_shape(config: TrainConfig) -> None:
 
 def validate(config: TrainConfig) -> TrainConfig:
     """Range checks with one-line messages naming the field and what is allowed."""
-    from dpvision.learners import LEARNERS
-
     if config.method not in METHODS:
         raise DPVisionError(
             f"unknown method {config.method!r}; choose one of: {', '.join(METHODS)}"
@@ -232,23 +225,19 @@ def validate(config: TrainConfig) -> TrainConfig:
             f"{', '.join(PREPROCESSING)}"
         )
     if config.accountant is not None:
-        from dpvision.accounting import parse_accountant
-
         parse_accountant(config.accountant)
     if config.reference:
         check_reference(config.reference)
     if config.pretrain and config.method != "dp-randp":
         raise DPVisionError("a [pretrain] table is for --method dp-randp only")
     if config.method in ("dp-sgd", "dp-randp"):
-        from dpvision.training.options import DPSGDOptions
-
         if config.features.strip().startswith("precomputed"):
             raise DPVisionError(
                 f"{config.method} trains on images or their feature maps; precomputed "
                 "feature vectors serve dp-ls, dp-newton, dp-fc and dp-sgd-linear"
             )
 
-        options = DPSGDOptions.from_dict(config.learner)
+        options = config.dpsgd
         if config.method == "dp-sgd" and options.is_transfer:
             raise DPVisionError(
                 "learner.encoder and learner.phase2_* belong to --method dp-randp (a warm "
@@ -260,8 +249,6 @@ def validate(config: TrainConfig) -> TrainConfig:
                     "dp-randp normalises pixels with the encoder's (public) statistics; "
                     "leave learner.normalization unset"
                 )
-            from dpvision.training.pretrain import PretrainOptions
-
             taken = sorted(set(config.pretrain) & set(_PRETRAIN_FROM_RUN))
             if taken:
                 raise DPVisionError(

@@ -24,7 +24,7 @@ What happens, in Opacus' terms:
 
 * the **module** is wrapped (:class:`PrivateModule`); forward hooks on its layers record
   the activations and, during ``loss.backward()``, the gradients of the layer outputs (the
-  book-keeping of :mod:`dpvision.training.bookkeeping`, shared with the DP-SGD engine);
+  book-keeping of :mod:`dpvision.per_example.bookkeeping`, shared with the DP-SGD engine);
 * the **data loader** (:class:`DPDataLoader`) draws Poisson batches of the dataset at rate
   q = batch_size/N, ⌈1/q⌉ of them per epoch, *empty batches included* (as zero-length
   tensors); it can split each batch into physical chunks and make K augmented views of
@@ -59,22 +59,23 @@ from torch.utils.data import DataLoader, Dataset, default_collate
 
 from dpvision.accounting import PrivacyLedger, calibrate_noise_multiplier, parse_accountant
 from dpvision.accounting.accountants import Accountant
+from dpvision.data.augment import augment_views
 from dpvision.errors import DPVisionError
 from dpvision.mechanisms import PoissonSampler
 from dpvision.models import validate_model
-from dpvision.training.batch_layout import batch_tensor, check_batch_layout, signature
-from dpvision.training.bookkeeping import (
+from dpvision.per_example.batch_layout import batch_tensor, check_batch_layout, signature
+from dpvision.per_example.bookkeeping import (
     ActivationTape,
     clip_terms,
     trainable_params,
     unclipped_mismatch,
     unsupported_layers,
 )
-from dpvision.training.engine import ParameterEMA, privatize_gradients
-from dpvision.training.layer_gradients import layer_terms
+from dpvision.per_example.layers import layer_terms
+from dpvision.per_example.reference import ClippedGradientSum
+from dpvision.training.engine import GradientRelease, ParameterEMA, noisy_step
 
 LOSS_REDUCTIONS = ("mean", "sum")
-RELEASED = "DP-SGD clipped gradient sum"
 
 
 class PrivateModule(nn.Module):
@@ -85,7 +86,7 @@ class PrivateModule(nn.Module):
 
     Each forward pass with autograd on is one pass over the examples of its first tensor
     argument (rows first, K consecutive rows per example). The first pass of every input
-    shape is probed (:mod:`dpvision.training.batch_layout`): a layer that does not see one
+    shape is probed (:mod:`dpvision.per_example.batch_layout`): a layer that does not see one
     row per example, or an output that mixes examples, is refused there, and the coming
     backward pass checks that every parameter gets its whole gradient through its layer.
     """
@@ -196,19 +197,38 @@ class DPOptimizer(torch.optim.Optimizer):
         self.param_groups = optimizer.param_groups
         self.state = optimizer.state
         self.module, self.tape, self.ledger, self.generator = module, tape, ledger, generator
-        self.noise_multiplier, self.max_grad_norm = float(noise_multiplier), float(max_grad_norm)
-        self.sample_rate, self.expected_batch_size = sample_rate, sample_rate * num_examples
+        self.max_grad_norm = float(max_grad_norm)
+        self.release = GradientRelease(
+            noise_multiplier=float(noise_multiplier),
+            sample_rate=sample_rate,
+            expected_batch_size=sample_rate * num_examples,
+            normalize_update=normalize_update,
+        )
         self.views, self.loss_reduction = views, loss_reduction
-        self.normalize_update = normalize_update
         self.params = trainable_params(module)
         self.ema = None if ema_decay is None else ParameterEMA(module, ema_decay)
-        self.summed = {k: torch.zeros_like(p) for k, p in self.params.items()}
+        self.summed = ClippedGradientSum.zeros(self.params, l2_sensitivity=self.max_grad_norm)
         self.steps = 0
         self._skip_next = False
         # (logical batch, whether this chunk ends it), announced by the private data loader.
         self._chunk: tuple[int, bool] | None = None
         self._pending: int | None = None  # the logical batch whose clipped sum is held
         self._batches = 0
+
+    @property
+    def noise_multiplier(self) -> float:
+        """σ (as Opacus' ``DPOptimizer.noise_multiplier``)."""
+        return self.release.noise_multiplier
+
+    @property
+    def sample_rate(self) -> float:
+        """q, the Poisson rate of the logical batches."""
+        return self.release.sample_rate
+
+    @property
+    def expected_batch_size(self) -> float:
+        """qN, the public divisor of the noisy sum."""
+        return self.release.expected_batch_size
 
     def signal_skip_step(self, do_skip: bool = True) -> None:
         """Marks the next :meth:`step` as a physical chunk that is not the last of its batch.
@@ -239,7 +259,7 @@ class DPOptimizer(torch.optim.Optimizer):
             "discarded (nothing of it was released or recorded)",
             stacklevel=3,
         )
-        self.summed = {k: torch.zeros_like(p) for k, p in self.params.items()}
+        self.summed = ClippedGradientSum.zeros(self.params, l2_sensitivity=self.max_grad_norm)
         self._pending = None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -305,27 +325,23 @@ class DPOptimizer(torch.optim.Optimizer):
         clipped = clip_terms(
             terms, self.params, batch, max_grad_norm=self.max_grad_norm, grad_scale=scale
         )
-        for name, value in clipped.grads.items():
-            self.summed[name] += value
+        self.summed.add_(clipped)
 
-    @torch.no_grad()
     def _release(self) -> None:
-        """Noise once, divide by qN (and C), set ``.grad``, step, record, update the EMA."""
-        privatize_gradients(
-            [(self.summed[name], param) for name, param in self.params.items()],
-            noise_multiplier=self.noise_multiplier,
-            max_grad_norm=self.max_grad_norm,
-            expected_batch_size=self.expected_batch_size,
-            normalize_update=self.normalize_update,
+        """The one DP-SGD update (:func:`~dpvision.training.engine.noisy_step`) of the
+        accumulated clipped sum: noise once, divide by qN (and C), step, record, update
+        the EMA."""
+        noisy_step(
+            self.summed,
+            self.params,
+            release=self.release,
+            optimizer=self.original_optimizer,
             ledger=self.ledger,
-            sample_rate=self.sample_rate,
             generator=self.generator,
-            released=RELEASED,
+            ema=self.ema,
+            keep_grad=True,
         )
-        self.original_optimizer.step()
-        if self.ema is not None:
-            self.ema.update(self.module)
-        self.summed = {k: torch.zeros_like(p) for k, p in self.params.items()}
+        self.summed = ClippedGradientSum.zeros(self.params, l2_sensitivity=self.max_grad_norm)
         self.steps += 1
 
     def step(self, closure: Any = None) -> Any:
@@ -465,7 +481,6 @@ class DPDataLoader:
     def _views(self, batch: Any) -> Any:
         if not self.augment:
             return batch
-        from dpvision.data.augment import augment_views
 
         images, *rest = _fields(batch)
         if images.dim() != 4 or not images.is_floating_point():

@@ -61,8 +61,14 @@ def sweep(
     the runs are not composed with each other, so a sweep over ε on the same data spends
     the sum of their budgets if all the models are released.
     """
+    # local import: start-up time
     from dpvision.config import resolve
-    from dpvision.pipeline import run_training, write_json_atomic
+
+    # local import: start-up time
+    from dpvision.fileio import write_json_atomic
+
+    # local import: start-up time
+    from dpvision.runs.train import run_training
 
     if not configs:
         raise DPVisionError("give at least one --config")
@@ -145,6 +151,7 @@ def setup_label(result: dict[str, Any]) -> str:
         label += f" · K={learner['augmult']}"
     option = _LENGTH_OPTION.get(result["method"])
     if option is not None:
+        # local import: start-up time
         from dpvision.learners import LEARNERS
 
         length = learner.get(option, LEARNERS[result["method"]]().get_params()[option])
@@ -157,6 +164,7 @@ def published_points(
 ) -> dict[tuple[str, str], set[tuple[float, float, str]]]:
     """(dataset, setup) → the published (ε, accuracy, source) points of these configs'
     ``[reference]`` tables; the setup is labelled as :func:`setup_label` labels runs."""
+    # local import: start-up time
     from dpvision.config import resolve
 
     out: dict[tuple[str, str], set[tuple[float, float, str]]] = defaultdict(set)
@@ -249,7 +257,8 @@ def report(
 
     Returns a summary: the report's path, the PNGs, the rows and the flagged runs.
     """
-    from dpvision.pipeline import atomic_open
+    # local import: start-up time
+    from dpvision.fileio import atomic_open
 
     roots = [folders] if isinstance(folders, str | Path) else list(folders)
     results = load_results(roots)
@@ -339,12 +348,15 @@ def plot_curves(
     published: set[tuple[float, float, str]] | None = None,
 ) -> None:
     """Accuracy against ε (log axis) per setup, with the seeds' spread and published points."""
+    # local import: start-up time
     import matplotlib
 
     matplotlib.use("Agg")
+    # local import: start-up time
     import matplotlib.pyplot as plt
 
-    from dpvision.pipeline import atomic_open
+    # local import: start-up time
+    from dpvision.fileio import atomic_open
 
     by_setup: dict[str, list[tuple[float, list[float]]]] = defaultdict(list)
     published = set(published or ())

@@ -35,10 +35,16 @@ from typing import Any
 
 import numpy as np
 import torch
+from sklearn.base import clone
 from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
 
+from dpvision.accounting import PrivacyLedger
 from dpvision.errors import DPVisionError
+from dpvision.learners.base import DPLinearClassifier
 from dpvision.mechanisms import Release, observing_releases
+from dpvision.privacy_engine import PrivacyEngine
+from dpvision.training.engine import DPSGDStep
 
 Data = tuple[Any, ...]
 Run = Callable[[Data], object]
@@ -287,7 +293,6 @@ def _as_run(release: Any, options: dict[str, Any]) -> Run:
         return dpsgd_release(release, **options)
     if options:
         raise TypeError(f"options {sorted(options)} only apply when checking a model")
-    from dpvision.learners.base import DPLinearClassifier
 
     if isinstance(release, DPLinearClassifier):
         return learner_release(release)
@@ -298,7 +303,6 @@ def _as_run(release: Any, options: dict[str, Any]) -> Run:
 
 def learner_release(learner: Any) -> Run:
     """``run(data)`` fitting a copy of a feature learner on ``(X, y)`` with the noise off."""
-    from sklearn.base import clone
 
     def run(data: Data) -> None:
         model = clone(learner).set_params(noise_multiplier=0, target_epsilon=None)
@@ -327,8 +331,6 @@ def dpsgd_release(
     its contiguous share of the batch and the sums are all-reduced before the release, as in
     ``dpvision train``.
     """
-    from dpvision.accounting import PrivacyLedger
-    from dpvision.training.engine import DPSGDStep
 
     loss = loss_fn or (lambda out, y: nn.functional.cross_entropy(out, y, reduction="none"))
 
@@ -375,9 +377,6 @@ def privacy_engine_release(
     ``make_private`` takes :meth:`PrivacyEngine.make_private`'s other options
     (``max_physical_batch_size``, ``augmult``, ``loss_reduction``, ...).
     """
-    from torch.utils.data import DataLoader, TensorDataset
-
-    from dpvision.privacy_engine import PrivacyEngine
 
     def run(data: Data) -> None:
         tensors = [torch.as_tensor(d) for d in data]

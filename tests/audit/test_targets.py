@@ -16,7 +16,7 @@ from dpvision.errors import DPVisionError
 from dpvision.learners import DPLeastSquares
 from dpvision.mechanisms import PoissonSampler
 from dpvision.training.engine import DPSGDStep, ParameterEMA
-from dpvision.training.trainer import make_optimizer
+from dpvision.training.optimizers import make_optimizer
 
 SMALL_SGD = [
     "learner.model='mlp-16'",
@@ -141,7 +141,7 @@ def test_canaries(digits):
 def test_learner_target_runs_d_prime_with_the_claimed_rate(digits, monkeypatch):
     # Before: D′ (with the canary, n + 1 examples) ran DP-SGD-linear at q = B/(n + 1) and
     # T = ceil(E(n + 1)/B), while the claim was computed at B/n and T = ceil(En/B).
-    import dpvision.pipeline
+    import dpvision.runs.features
 
     data = make_audit_data(digits, size=50, canary="mislabeled")
     sets = ["learner.batch_size=20", "learner.epochs=2"]
@@ -150,14 +150,14 @@ def test_learner_target_runs_d_prime_with_the_claimed_rate(digits, monkeypatch):
     (claimed,) = target.claim.ledger
     assert (claimed["sample_rate"], claimed["count"]) == (20 / 50, 5)
     fits = []
-    fit = dpvision.pipeline.fit_learner
+    fit = dpvision.runs.features.fit_learner
 
     def spy(*args, **kwargs):
         result = fit(*args, **kwargs)
         fits.append(result[0].privacy_ledger_.to_dict()["entries"])
         return result
 
-    monkeypatch.setattr(dpvision.pipeline, "fit_learner", spy)
+    monkeypatch.setattr(dpvision.runs.features, "fit_learner", spy)
     target.canary_losses(True, 2, seed=0)
     target.canary_losses(False, 2, seed=0)
     assert fits == [target.claim.ledger] * 4

@@ -9,7 +9,7 @@ import pytest
 from dpvision.config import resolve
 from dpvision.data import load_dataset
 from dpvision.errors import DPVisionError
-from dpvision.pipeline import run_training
+from dpvision.runs.train import run_training
 
 
 def _arrays(n_train: int = 120, n_test: int = 45) -> dict[str, np.ndarray]:

@@ -17,7 +17,7 @@ import torch
 from dpvision.accounting import PrivacyLedger
 from dpvision.distributed import Workers, current, init_from_env, shutdown
 from dpvision.learners import LEARNERS
-from dpvision.training.engine import DPSGDStep, privatize_gradients
+from dpvision.training.engine import DPSGDStep, GradientRelease, privatize_gradients
 
 LEARNER_OPTIONS: dict[str, dict[str, Any]] = {
     "dp-ls": {"clip_norm": 1.0, "max_block_bytes": 2 * 8 * 12 * 12},  # 2 classes per block
@@ -91,14 +91,15 @@ def noise_added_per_worker(steps: int, workers: Workers) -> torch.Tensor:
         params = list(model.parameters())
         privatize_gradients(
             [(torch.zeros_like(p), p) for p in params],
-            noise_multiplier=NOISE_MULTIPLIER,
-            max_grad_norm=CLIP_NORM,
-            expected_batch_size=1.0,
-            normalize_update=False,
+            l2_sensitivity=CLIP_NORM,
+            release=GradientRelease(
+                noise_multiplier=NOISE_MULTIPLIER,
+                sample_rate=0.1,
+                expected_batch_size=1.0,
+                released="wrong",
+            ),
             ledger=PrivacyLedger(),
-            sample_rate=0.1,
             generator=generator,
-            released="wrong",
         )
         grads = [p.grad for p in params]
         assert all(g is not None for g in grads)

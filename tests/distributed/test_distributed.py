@@ -22,10 +22,11 @@ from distributed_worker import (
 
 from dpvision.cli import main
 from dpvision.config import resolve
+from dpvision.data.inputs import TrainingData
 from dpvision.distributed import Workers, torchrun_command
-from dpvision.pipeline import run_training
+from dpvision.runs.train import run_training
+from dpvision.training.batching import micro_batches
 from dpvision.training.options import DPSGDOptions
-from dpvision.training.trainer import _Data, _micro_batches
 
 WORKER = Path(__file__).with_name("distributed_worker.py")
 
@@ -68,7 +69,7 @@ def test_shares_partition_the_logical_batch() -> None:
 def test_views_do_not_depend_on_the_number_of_processes_or_the_physical_batch() -> None:
     """Each example gets the same augmented views whoever clips it."""
     images = torch.randn(50, 1, 8, 8)
-    data = _Data("toy", images, torch.arange(50) % 3, images[:1], torch.zeros(1), 3, None)  # type: ignore[arg-type]
+    data = TrainingData("toy", images, torch.arange(50) % 3, images[:1], torch.zeros(1), 3, None)  # type: ignore[arg-type]
     indices = np.array([1, 4, 5, 9, 10, 22, 31, 32, 40, 48, 49])
 
     def views(workers: Workers, physical: int) -> torch.Tensor:
@@ -76,7 +77,7 @@ def test_views_do_not_depend_on_the_number_of_processes_or_the_physical_batch() 
             {"augmult": 3, "crop_padding": 2, "physical_batch_size": physical}
         )
         generator = torch.Generator().manual_seed(5)
-        return torch.cat([x for x, _ in _micro_batches(data, indices, options, generator, workers)])
+        return torch.cat([x for x, _ in micro_batches(data, indices, options, generator, workers)])
 
     single = views(Workers(), 4)
     assert single.shape == (len(indices), 3, 1, 8, 8)

@@ -26,8 +26,8 @@ from dpvision.features import (
     load_or_extract,
     parse_feature_spec,
 )
-from dpvision.features.backbone import rescale_to_norm
-from dpvision.training.encoder import EncoderInfo, build_body, load_encoder, save_encoder
+from dpvision.features.reductions import rescale_to_norm
+from dpvision.models.encoder import EncoderInfo, build_body, load_encoder, save_encoder
 
 WRN_SHAPE = (1, 16, 16)
 TANH_SHAPE = (1, 28, 28)

@@ -15,7 +15,7 @@ from dpvision.errors import DPVisionError
 from dpvision.features import FeatureSpec, format_feature_spec, parse_feature_spec
 from dpvision.features.precomputed import load_feature_files
 from dpvision.learners import DPLeastSquares
-from dpvision.pipeline import run_training
+from dpvision.runs.train import run_training
 
 
 @pytest.fixture(autouse=True)
@@ -124,7 +124,7 @@ def test_training_reads_the_files_and_matches_the_learner_on_the_same_arrays(tmp
     assert result["num_features"] == 12
     assert result["epsilon"] <= 1.0
     # The same learner on the same arrays, seeded as the pipeline seeds it, gives the same model.
-    from dpvision.pipeline import _seeds
+    from dpvision.runs.features import _seeds
 
     direct = DPLeastSquares(
         target_epsilon=1.0, clip_norm=5.0, random_state=_seeds(3)[1], num_classes=10

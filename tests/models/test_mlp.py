@@ -4,8 +4,8 @@ import torch
 from dpvision.config import resolve
 from dpvision.errors import DPVisionError
 from dpvision.models import mlp, validate_model
-from dpvision.pipeline import run_training
-from dpvision.training.options import parse_model
+from dpvision.models.registry import parse_model
+from dpvision.runs.train import run_training
 
 
 def test_mlp_shapes_and_parameter_counts():

@@ -10,8 +10,8 @@ import torch
 from dpvision.accounting import PrivacyLedger
 from dpvision.config import resolve
 from dpvision.errors import DPVisionError
-from dpvision.pipeline import run_training
-from dpvision.training.encoder import read_encoder
+from dpvision.models.encoder import read_encoder
+from dpvision.runs.train import run_training
 from dpvision.training.pretrain import PretrainOptions, pretrain
 
 STEPS = 12
@@ -162,12 +162,14 @@ def test_phase_two_uses_its_own_learning_rate(files: dict[str, Path], tmp_path: 
 
 def test_phase2_fraction_picks_the_most_steps_within_the_share(files: dict[str, Path]) -> None:
     from dpvision.training.options import DPSGDOptions
-    from dpvision.training.trainer import phase2_steps_for
+    from dpvision.training.transfer import phase2_steps_for
 
     config = _config(files, "learner.phase2_fraction=0.5")
     options = DPSGDOptions.from_dict(config.learner)
     sigma, q = 1.2, 0.2
-    n1 = phase2_steps_for(config, options, sigma, q, 200, PrivacyLedger())
+    n1 = phase2_steps_for(
+        options, sigma, q, 200, PrivacyLedger(), delta=config.delta, accountant=config.accountant
+    )
 
     def epsilon(count: int) -> float:
         ledger = PrivacyLedger()

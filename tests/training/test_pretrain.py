@@ -9,13 +9,13 @@ import torch
 
 from dpvision.cli import main
 from dpvision.errors import DPVisionError
+from dpvision.models.encoder import load_encoder, read_encoder
 from dpvision.training.contrastive import (
     align_uniform_loss,
     alignment,
     contrastive_views,
     uniformity,
 )
-from dpvision.training.encoder import load_encoder, read_encoder
 from dpvision.training.pretrain import PretrainOptions, learning_rate_at, pretrain
 
 SMALL = {

@@ -16,7 +16,7 @@ import torch
 
 from dpvision.config import resolve
 from dpvision.errors import DPVisionError
-from dpvision.pipeline import run_training
+from dpvision.runs.train import run_training
 
 STEPS = 16
 

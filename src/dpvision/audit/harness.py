@@ -23,14 +23,17 @@ from typing import Any
 import numpy as np
 
 from dpvision.audit.canaries import CANARIES, make_audit_data
+from dpvision.audit.plot import loss_histogram
 from dpvision.audit.statistics import (
     advantage_upper_bound,
     audit_scores,
     gaussian_tv_distance,
 )
 from dpvision.audit.targets import AuditTarget, make_target
-from dpvision.config import TrainConfig, override, parse_override
+from dpvision.config import TrainConfig, load_toml, override, parse_override, resolve
+from dpvision.data import load_dataset
 from dpvision.errors import DPVisionError
+from dpvision.features import Progress
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +120,6 @@ def audit_config(
     """The config to audit and phase I's default sweep: the defaults of ``dpvision train`` <
     :data:`AUDIT_DEFAULTS` < the TOML file < flags < ``--set``. Keys the user set are not
     swept by default."""
-    from dpvision.config import load_toml, resolve
 
     given = {".".join(parse_override(item)[0]) for item in sets}
     raw = load_toml(file) if file is not None else {}
@@ -177,8 +179,6 @@ def run_audit(
       progress: show a progress bar on stderr.
       histogram: where to write the PNG of the phase-II canary losses (None: no plot).
     """
-    from dpvision.data import load_dataset
-    from dpvision.features import Progress
 
     start = time.perf_counter()
     if config.features.strip().startswith("precomputed"):
@@ -287,8 +287,6 @@ def run_audit(
         "losses_with": inside.tolist(),
     }
     if histogram is not None:
-        from dpvision.audit.plot import loss_histogram
-
         loss_histogram(out, inside, report, histogram)
         report["histogram"] = str(histogram)
     return report

@@ -19,15 +19,18 @@ def loss_histogram(
     """Writes overlaid histograms of the canary's loss under models trained on D and on D',
     with the chosen threshold, to the PNG ``path`` (atomically)."""
     try:
+        # local import: start-up time
         import matplotlib
 
         matplotlib.use("Agg")
+        # local import: start-up time
         import matplotlib.pyplot as plt
     except ImportError:
         raise DPVisionError(
             "the audit histogram needs matplotlib: python -m pip install matplotlib"
         ) from None
-    from dpvision.pipeline import atomic_open
+    # local import: start-up time
+    from dpvision.fileio import atomic_open
 
     both = np.concatenate([losses_without, losses_with])
     low, high = float(both.min()), float(both.max())

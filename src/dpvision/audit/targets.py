@@ -4,13 +4,13 @@ Each target trains with the code users run, configured by the same :class:`Train
 ``dpvision train``, and returns the loss of the canary z under each trained model:
 
 * :class:`LearnerTarget` (``dp-ls``, ``dp-newton``, ``dp-fc``, ``dp-sgd-linear``): each run
-  is :func:`dpvision.pipeline.fit_learner` — the private preprocessing and the learner's
+  is :func:`dpvision.runs.features.fit_learner` — the private preprocessing and the learner's
   ``fit`` that ``dpvision train`` calls — on the features of D or D'.
 * :class:`DPSGDTarget` (``dp-sgd``): many runs of a small model at once. The R models'
   parameters are stacked (R, ...) and one logical step for all of them is made of dpvision's
   own DP-SGD pieces: :class:`~dpvision.mechanisms.PoissonSampler` draws each run's batch
   independently, :func:`~dpvision.data.augment.augment_views` makes the K views,
-  :func:`~dpvision.training.per_example.functional_clipped_sum` (the ``torch.func``
+  :func:`~dpvision.per_example.reference.functional_clipped_sum` (the ``torch.func``
   reference clipping, vmapped over the runs) clips and sums, and
   :func:`~dpvision.training.engine.privatize_gradients` adds the noise and records the
   step, then the torch optimizer and :class:`~dpvision.training.engine.ParameterEMA` of the
@@ -29,6 +29,7 @@ import abc
 import dataclasses
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -39,7 +40,17 @@ from torch.func import functional_call, vmap
 from dpvision.accounting import PrivacyLedger, default_accountant
 from dpvision.audit.canaries import AuditData
 from dpvision.config import TrainConfig
+from dpvision.data.augment import augment_views
+from dpvision.data.inputs import pixel_inputs
 from dpvision.errors import DPVisionError
+from dpvision.features import extract_features, feature_shape, parse_feature_spec
+from dpvision.mechanisms import PoissonSampler
+from dpvision.models.registry import build_model
+from dpvision.per_example import ClippedGradientSum, functional_clipped_sum
+from dpvision.runs import features as feature_runs
+from dpvision.runs.dpsgd import noise_multiplier_for, run_seeds
+from dpvision.training.engine import GradientRelease, ParameterEMA, noisy_step
+from dpvision.training.optimizers import make_optimizer
 
 Progress = Callable[[int], None]
 
@@ -131,11 +142,6 @@ class LearnerTarget(AuditTarget):
     """
 
     def __init__(self, config: TrainConfig, data: AuditData) -> None:
-        from dataclasses import replace
-
-        from dpvision.features import extract_features, feature_shape, parse_feature_spec
-        from dpvision.pipeline import fit_learner
-
         super().__init__(config, data)
         spec = parse_feature_spec(config.features)
         images, _ = data.training_set(with_canary=True)
@@ -149,7 +155,7 @@ class LearnerTarget(AuditTarget):
         else:
             shape = feature_shape(tuple(images.shape[1:]), replace(spec, flatten=False))
             self.channels = int(shape[0])
-        learner, *_ = fit_learner(
+        learner, *_ = feature_runs.fit_learner(
             config,
             self.features,
             data.labels,
@@ -177,10 +183,6 @@ class LearnerTarget(AuditTarget):
     def canary_losses(
         self, with_canary: bool, runs: int, seed: int, progress: Progress | None = None
     ) -> np.ndarray:
-        from dataclasses import replace
-
-        from dpvision.pipeline import fit_learner
-
         if with_canary:
             train = np.concatenate([self.features, self.canary_features])
             labels = np.append(self.data.labels, self.data.canary_label)
@@ -189,7 +191,7 @@ class LearnerTarget(AuditTarget):
         losses = np.empty(runs)
         for run in range(runs):
             config = replace(self.fixed, seed=_run_seed(seed, with_canary, run) % 2**62)
-            learner, _, canary, _ = fit_learner(
+            learner, _, canary, _ = feature_runs.fit_learner(
                 config,
                 train,
                 labels,
@@ -232,18 +234,10 @@ class DPSGDTarget(AuditTarget):
     """
 
     def __init__(self, config: TrainConfig, data: AuditData, memory_bytes: int = 2**28) -> None:
-        from dpvision.training.options import DPSGDOptions
-        from dpvision.training.trainer import (
-            build_model,
-            noise_multiplier_for,
-            pixel_inputs,
-            run_seeds,
-        )
-
         super().__init__(config, data)
         if config.features != "pixels":
             raise DPVisionError("the dp-sgd audit trains on pixels: set features = pixels")
-        options = DPSGDOptions.from_dict(config.learner)
+        options = config.dpsgd
         if options.batch_size > data.size:
             raise DPVisionError(
                 f"learner.batch_size {options.batch_size} exceeds the audit dataset size "
@@ -261,7 +255,9 @@ class DPSGDTarget(AuditTarget):
         )
         self.sigma = noise_multiplier_for(config, self.sample_rate, self.steps, PrivacyLedger())
         torch.manual_seed(run_seeds(config.seed)["init"])
-        self.model = build_model(options, tuple(self.inputs.shape[1:]), data.num_classes)
+        self.model = build_model(
+            options.model, tuple(self.inputs.shape[1:]), data.num_classes, groups=options.groups
+        )
         self.init = {k: v.detach().clone() for k, v in self.model.named_parameters()}
         self.buffers = {k: v.detach() for k, v in self.model.named_buffers()}
         parameters = sum(v.numel() for v in self.init.values())
@@ -328,18 +324,18 @@ class DPSGDTarget(AuditTarget):
           one Poisson-sampled Gaussian release, recorded once per step in
           ``self.last_ledger`` (the ledger of each single run).
         """
-        from dpvision.data.augment import augment_views
-        from dpvision.mechanisms import PoissonSampler
-        from dpvision.training.engine import ParameterEMA, privatize_gradients
-        from dpvision.training.per_example import functional_clipped_sum
-        from dpvision.training.trainer import make_optimizer
-
         options = self.options
         n = self.data.size + int(with_canary)
         inputs, targets = self.inputs[:n], self.targets[:n]
         stack = _Stack(self.init, runs)
         optimizer = make_optimizer(options, stack)
         ema = ParameterEMA(stack, options.ema_decay) if options.ema_decay > 0 else None
+        release = GradientRelease(
+            noise_multiplier=self.sigma,
+            sample_rate=self.sample_rate,
+            expected_batch_size=self.sample_rate * self.data.size,
+            normalize_update=options.normalize_update,
+        )
         sampler = PoissonSampler(
             num_examples=runs * n, sample_rate=self.sample_rate, steps=self.steps, seed=sampler_seed
         )
@@ -380,21 +376,18 @@ class DPSGDTarget(AuditTarget):
                 batch, batch_dim = inputs.unsqueeze(1), None
             params = {k: v.detach() for k, v in stack.stacked().items()}
             sums = vmap(clipped, in_dims=(0, batch_dim, 0))(params, batch, keep.view(runs, n))
-            privatize_gradients(
-                [(sums[name], param) for name, param in stack.stacked().items()],
-                noise_multiplier=self.sigma,
-                max_grad_norm=options.max_grad_norm,
-                expected_batch_size=self.sample_rate * self.data.size,
-                normalize_update=options.normalize_update,
+            # Each run's clipped sum has sensitivity C; the noise is drawn for every run.
+            total = ClippedGradientSum.zeros(stack.stacked(), l2_sensitivity=options.max_grad_norm)
+            total.grads = sums
+            noisy_step(
+                total,
+                stack.stacked(),
+                release=release,
+                optimizer=optimizer,
                 ledger=ledger,
-                sample_rate=self.sample_rate,
                 generator=noise,
-                released="DP-SGD clipped gradient sum",
+                ema=ema,
             )
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if ema is not None:
-                ema.update(stack)
         self.last_ledger = ledger
         if ema is not None:
             return {name: ema.shadow[f"p{i}"] for i, name in enumerate(stack.names)}

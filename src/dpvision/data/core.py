@@ -153,6 +153,7 @@ def images_to_tensor(images: np.ndarray) -> torch.Tensor:
     Returns:
         A CPU ``float32`` tensor of shape ``(N, C, H, W)`` with values in ``[0, 1]``.
     """
+    # local import: start-up time
     import torch
 
     return torch.from_numpy(images_to_float(images))

@@ -59,6 +59,7 @@ def load_digits_arrays() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray
         DPVisionError: If scikit-learn is not installed.
     """
     try:
+        # local import: start-up time
         from sklearn.datasets import load_digits
     except ImportError as exc:
         raise DPVisionError(

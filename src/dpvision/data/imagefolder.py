@@ -43,6 +43,7 @@ def load_image_folder(
             an image cannot be read, or the images do not all have the same size.
     """
     try:
+        # local import: start-up time
         from PIL import Image
     except ImportError as exc:
         raise DPVisionError(

@@ -45,8 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TypeVar
 
-from dpvision import __version__
 from dpvision.errors import DPVisionError
+from dpvision.version import __version__
 
 __all__ = [
     "DOWNLOADS",

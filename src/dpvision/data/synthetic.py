@@ -439,7 +439,10 @@ FILTER_BANK_NAMES: tuple[str, ...] = _filter_bank()[1]
 
 def _oriented_filters_image(rng: np.random.Generator, size: int, channels: int) -> np.ndarray:
     """One image of the random oriented-filter generator (torch does the arithmetic)."""
+    # local import: start-up time
     import torch
+
+    # local import: start-up time
     import torch.nn.functional as F  # noqa: N812 (the usual PyTorch alias)
 
     bank = oriented_filter_bank()
@@ -648,6 +651,7 @@ def write_preview(
     Raises:
         DPVisionError: On bad arguments or if the file cannot be written.
     """
+    # local import: start-up time
     from PIL import Image
 
     kind = _check_kind(kind)

@@ -26,7 +26,7 @@ accounted there.
 Importing this package does not import torch or kymatio; extraction does.
 """
 
-from dpvision.features.backbone import block_names, encoder_digest, encoder_features
+from dpvision.features.backbone import block_names, encoder_digest
 from dpvision.features.cache import (
     ENV_CACHE,
     cache_key,
@@ -36,6 +36,7 @@ from dpvision.features.cache import (
 )
 from dpvision.features.extractors import (
     FEATURE_VERSION,
+    encoder_features,
     extract_features,
     extract_into,
     feature_shape,

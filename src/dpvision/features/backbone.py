@@ -1,6 +1,6 @@
 """Backbone features: what a pre-trained encoder makes of each image (DP-RandP's linear probe).
 
-The ``encoder`` extractor runs the body of an encoder file (:mod:`dpvision.training.encoder`,
+The ``encoder`` extractor runs the body of an encoder file (:mod:`dpvision.models.encoder`,
 written by ``dpvision pretrain``) over the images and returns, per image, one vector:
 
 * ``layers=embedding`` (default): the input of the head, what :func:`load_encoder` maps to;
@@ -19,7 +19,7 @@ normalisation (:meth:`EncoderInfo.normalize`) and the body in eval mode under
 ``torch.no_grad()``. The feature cache keys these features by the SHA-256 of the encoder
 file (:func:`encoder_digest`), so a re-trained encoder never reads stale features.
 
->>> from dpvision.training.encoder import build_body
+>>> from dpvision.models.encoder import build_body
 >>> block_names(build_body("tanh-cnn", (1, 28, 28), 16))
 ['features.1', 'features.4', 'embedding']
 >>> block_names(build_body("wrn-10-1", (3, 32, 32), 16))
@@ -43,8 +43,6 @@ import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from dpvision.errors import DPVisionError
 from dpvision.features.spec import FeatureSpec
 
@@ -52,7 +50,7 @@ if TYPE_CHECKING:
     import torch
     from torch import nn
 
-    from dpvision.training.encoder import EncoderInfo
+    from dpvision.models.encoder import EncoderInfo
 
 __all__ = [
     "BLOCKS",
@@ -61,8 +59,6 @@ __all__ = [
     "block_names",
     "encoder_digest",
     "encoder_dim",
-    "encoder_features",
-    "rescale_to_norm",
 ]
 
 EMBEDDING = "embedding"
@@ -91,11 +87,12 @@ def block_names(body: nn.Module) -> list[str]:
 
     Args:
         body: A model whose head is the identity (as
-            :func:`dpvision.training.encoder.load_encoder` returns).
+            :func:`dpvision.models.encoder.load_encoder` returns).
 
     Returns:
         Dotted module names, ending with :data:`EMBEDDING`.
     """
+    # local import: start-up time
     from dpvision.models.wide_resnet import WideResNet
 
     if isinstance(body, WideResNet):
@@ -138,27 +135,6 @@ def encoder_digest(path: str | Path) -> str:
     return hasher.hexdigest()
 
 
-def rescale_to_norm(features: torch.Tensor, norm: float) -> torch.Tensor:
-    """Rescales each row of ``(N, D)`` features to L2 norm ``norm``; zero rows stay zero.
-
-    Rows with a non-finite entry become zero too, so every row has norm ``norm`` (up to
-    float32 rounding) or 0.
-
-    Privacy:
-        A fixed per-example map: free. Followed by ``preprocessing.kind = "center"`` with
-        ``preprocessing.clip_norm = norm``, the private centering clips nothing and its sum
-        has L2 sensitivity ``norm`` (``norm / N`` for the mean), as in DP-RandP App. G.
-    """
-    import torch
-
-    wide = features.to(torch.float64)
-    finite = torch.isfinite(wide).all(dim=1, keepdim=True)
-    wide = torch.where(finite, wide, torch.zeros_like(wide))
-    lengths = torch.linalg.vector_norm(wide, dim=1, keepdim=True)
-    scale = torch.where(lengths > 0, norm / lengths.clamp_min(1e-300), torch.zeros_like(lengths))
-    return (wide * scale).to(features.dtype)
-
-
 class EncoderFeatures:
     """An encoder file's body with hooks on the requested layers: ``[0, 1]`` image batches
     ``(N, C, H, W)`` -> feature vectors ``(N, D)`` (before any projection or ``norm``).
@@ -177,7 +153,8 @@ class EncoderFeatures:
     """
 
     def __init__(self, spec: FeatureSpec, *, device: str | torch.device | None = None) -> None:
-        from dpvision.training.encoder import load_encoder
+        # local import: start-up time
+        from dpvision.models.encoder import load_encoder
 
         if spec.name != "encoder" or spec.path is None:
             raise DPVisionError(f"EncoderFeatures needs an encoder spec, got {spec.name!r}")
@@ -208,6 +185,7 @@ class EncoderFeatures:
 
     def _pool(self, output: torch.Tensor) -> torch.Tensor:
         """``(N, K, h, w)`` -> ``(N, K·grid·grid)`` by adaptive average pooling; else flatten."""
+        # local import: start-up time
         import torch.nn.functional as functional
 
         if output.ndim == 4:
@@ -218,6 +196,7 @@ class EncoderFeatures:
         """A forward hook that stores the pooled output of module ``name``."""
 
         def hook(module: nn.Module, inputs: Any, output: Any) -> None:
+            # local import: start-up time
             import torch
 
             if not isinstance(output, torch.Tensor):
@@ -241,6 +220,7 @@ class EncoderFeatures:
 
     def __call__(self, batch: torch.Tensor) -> torch.Tensor:
         """Features ``(N, D)`` of a ``[0, 1]`` batch ``(N, C, H, W)`` (on the body's device)."""
+        # local import: start-up time
         import torch
 
         self._outputs = {}
@@ -293,34 +273,9 @@ def _encoder_dim(
     spec: FeatureSpec,
 ) -> int:
     """:func:`encoder_dim` for one state of the file (``stamp``); errors are not cached."""
+    # local import: start-up time
     import torch
 
     encoder = EncoderFeatures(spec)
     encoder.check_image_shape(image_shape)
     return int(encoder(torch.zeros(1, *encoder.info.input_shape)).shape[1])
-
-
-def encoder_features(
-    images: np.ndarray,
-    spec: FeatureSpec,
-    *,
-    batch_size: int = 256,
-    progress: bool = False,
-    device: str | None = None,
-) -> np.ndarray:
-    """The ``encoder`` features of ``uint8`` images ``(N, H, W, C)``: ``float32 (N, D)``.
-
-    The same as :func:`dpvision.features.extract_features` for an ``encoder`` spec
-    (including ``projection_dim`` and ``norm``).
-
-    Raises:
-        DPVisionError: ``spec`` is not an ``encoder`` spec, or as :class:`EncoderFeatures`.
-
-    Privacy:
-        Free for an encoder trained without the private data (see the module docstring).
-    """
-    from dpvision.features.extractors import extract_features
-
-    if spec.name != "encoder":
-        raise DPVisionError(f"encoder_features needs an encoder spec, got {spec.name!r}")
-    return extract_features(images, spec, batch_size=batch_size, progress=progress, device=device)

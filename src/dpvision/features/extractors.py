@@ -25,9 +25,14 @@ import numpy as np
 
 from dpvision.data.core import images_to_float
 from dpvision.errors import DPVisionError
-from dpvision.features.backbone import rescale_to_norm
+from dpvision.features.backbone import EncoderFeatures, encoder_dim
 from dpvision.features.progress import Progress
-from dpvision.features.reductions import average_pool, pooled_size, projection_matrix
+from dpvision.features.reductions import (
+    average_pool,
+    pooled_size,
+    projection_matrix,
+    rescale_to_norm,
+)
 from dpvision.features.scatternet import scatter
 from dpvision.features.spec import FeatureSpec
 
@@ -69,10 +74,9 @@ def feature_shape(image_shape: tuple[int, ...], spec: FeatureSpec) -> tuple[int,
     if spec.name == "pixels":
         maps = (channels, height, width)
     elif spec.name == "encoder":
-        from dpvision.features.backbone import encoder_dim
-
         maps = (encoder_dim((height, width, channels), spec), 1, 1)
     else:
+        # local import: start-up time
         import torch
 
         with torch.no_grad():
@@ -164,6 +168,7 @@ def _extract(
     desc: str | None = None,
 ) -> None:
     """The batch loop behind :func:`extract_features` and :func:`extract_into`."""
+    # local import: start-up time
     import torch
 
     _check_images(images)
@@ -177,8 +182,6 @@ def _extract(
     target = torch.device(device or "cpu")
     encoder = None
     if spec.name == "encoder":
-        from dpvision.features.backbone import EncoderFeatures
-
         encoder = EncoderFeatures(spec, device=target)
     projection: torch.Tensor | None = None
     if spec.projection_dim is not None:
@@ -220,3 +223,27 @@ def _check_images(images: object) -> None:
             else type(images).__name__
         )
         raise DPVisionError(f"features are extracted from uint8 images (N, H, W, C), got {got}")
+
+
+def encoder_features(
+    images: np.ndarray,
+    spec: FeatureSpec,
+    *,
+    batch_size: int = 256,
+    progress: bool = False,
+    device: str | None = None,
+) -> np.ndarray:
+    """The ``encoder`` features of ``uint8`` images ``(N, H, W, C)``: ``float32 (N, D)``.
+
+    The same as :func:`dpvision.features.extract_features` for an ``encoder`` spec
+    (including ``projection_dim`` and ``norm``).
+
+    Raises:
+        DPVisionError: ``spec`` is not an ``encoder`` spec, or as :class:`EncoderFeatures`.
+
+    Privacy:
+        Free for an encoder trained without the private data (see the module docstring).
+    """
+    if spec.name != "encoder":
+        raise DPVisionError(f"encoder_features needs an encoder spec, got {spec.name!r}")
+    return extract_features(images, spec, batch_size=batch_size, progress=progress, device=device)

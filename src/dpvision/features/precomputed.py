@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from dpvision.data.core import LabelledSplits
+from dpvision.data.datasets import PATH_PREFIXES, dataset_info
 from dpvision.data.npzfiles import ARRAY_KEYS, as_labels, read_npy
 from dpvision.errors import DPVisionError
 
@@ -86,7 +87,6 @@ def load_feature_files(
         extractor must not have seen them (a model pre-trained on public data); dpvision
         cannot check how the files were made.
     """
-    from dpvision.data.datasets import PATH_PREFIXES, dataset_info
 
     name = dataset.strip()
     if name.lower().startswith(PATH_PREFIXES) or not _NAME.fullmatch(name):

@@ -53,6 +53,7 @@ def average_pool(maps: torch.Tensor, pool: int) -> torch.Tensor:
     """
     if pool == 1:
         return maps
+    # local import: start-up time
     import torch.nn.functional as functional
 
     return functional.avg_pool2d(maps, kernel_size=pool, stride=pool, ceil_mode=True)
@@ -88,3 +89,25 @@ def projection_matrix(input_dim: int, output_dim: int, *, seed: int) -> np.ndarr
     rng.standard_normal(out=matrix, dtype=np.float32)
     matrix *= np.float32(1.0 / math.sqrt(output_dim))
     return matrix
+
+
+def rescale_to_norm(features: torch.Tensor, norm: float) -> torch.Tensor:
+    """Rescales each row of ``(N, D)`` features to L2 norm ``norm``; zero rows stay zero.
+
+    Rows with a non-finite entry become zero too, so every row has norm ``norm`` (up to
+    float32 rounding) or 0.
+
+    Privacy:
+        A fixed per-example map: free. Followed by ``preprocessing.kind = "center"`` with
+        ``preprocessing.clip_norm = norm``, the private centering clips nothing and its sum
+        has L2 sensitivity ``norm`` (``norm / N`` for the mean), as in DP-RandP App. G.
+    """
+    # local import: start-up time
+    import torch
+
+    wide = features.to(torch.float64)
+    finite = torch.isfinite(wide).all(dim=1, keepdim=True)
+    wide = torch.where(finite, wide, torch.zeros_like(wide))
+    lengths = torch.linalg.vector_norm(wide, dim=1, keepdim=True)
+    scale = torch.where(lengths > 0, norm / lengths.clamp_min(1e-300), torch.zeros_like(lengths))
+    return (wide * scale).to(features.dtype)

@@ -66,6 +66,7 @@ def _scattering(
     Raises:
         DPVisionError: If the image is too small for ``scales``.
     """
+    # local import: start-up time
     from kymatio.scattering2d.frontend.torch_frontend import ScatteringTorch2D
 
     if min(height, width) < 2**scales:
@@ -105,6 +106,7 @@ def scatter(
         A fixed function of each image separately, with fixed constants (the ImageNet
         statistics are public): it uses no statistic of the data and costs no privacy.
     """
+    # local import: start-up time
     import torch
 
     if images.ndim != 4 or images.shape[1] not in (1, 3):

@@ -1,27 +1,31 @@
-"""Private training of deep models (DP-SGD).
+"""Private training of deep models (DP-SGD), below the commands that run it.
 
-* :mod:`dpvision.training.per_example` — per-example clipped gradient sums (torch.func);
-* :mod:`dpvision.training.engine` — one logical DP-SGD step over physical micro-batches,
-  noise once per logical step, and the parameter EMA.
+* :mod:`dpvision.training.engine` — the one DP-SGD update (:func:`noisy_step`): noise once
+  per logical step at the clipped sum's stated sensitivity, the optimizer, the EMA;
+* :mod:`dpvision.training.options` — the typed ``[learner]`` options of ``dp-sgd``;
+* :mod:`dpvision.training.batching`, :mod:`~dpvision.training.evaluation`,
+  :mod:`~dpvision.training.memory`, :mod:`~dpvision.training.checkpoint`,
+  :mod:`~dpvision.training.optimizers` — the parts of a training loop;
+* :mod:`dpvision.training.transfer` and :mod:`~dpvision.training.pretrain` — DP-RandP's
+  phases and its Phase I pre-training on synthetic images.
+
+Per-example clipping itself lives in :mod:`dpvision.per_example`.
 """
 
-from dpvision.training.bookkeeping import (
-    ClippingMethod,
-    bookkeeping_clipped_gradient_sum,
-    clip_and_sum,
-    supports_bookkeeping,
+from dpvision.training.engine import (
+    DPSGDStep,
+    GradientRelease,
+    ParameterEMA,
+    ema_decay,
+    noisy_step,
+    privatize_gradients,
 )
-from dpvision.training.engine import DPSGDStep, ParameterEMA, ema_decay
-from dpvision.training.per_example import ClippedGradientSum, clipped_gradient_sum
 
 __all__ = [
-    "ClippedGradientSum",
-    "ClippingMethod",
     "DPSGDStep",
+    "GradientRelease",
     "ParameterEMA",
-    "bookkeeping_clipped_gradient_sum",
-    "clip_and_sum",
-    "clipped_gradient_sum",
     "ema_decay",
-    "supports_bookkeeping",
+    "noisy_step",
+    "privatize_gradients",
 ]

@@ -1,15 +1,20 @@
-"""One logical DP-SGD step over any number of physical micro-batches (De et al., Alg. 1).
+"""The one DP-SGD update: clipped sum → noise once → ÷ qN → optimizer → EMA (De et al., Alg. 1).
+
+Everything that trains with DP-SGD goes through :func:`noisy_step`: the ``dpvision train``
+loop (:class:`DPSGDStep`), the Opacus-style :class:`~dpvision.privacy_engine.DPOptimizer`,
+and the audit's stacked runs. Its input is a :class:`~dpvision.per_example.ClippedGradientSum`,
+which states its own L2 sensitivity; the noise is scaled to that stated sensitivity, never
+to a separately typed C.
 
 The logical batch (Poisson-sampled, expected size qN) may be split into physical
-micro-batches to fit in memory; clipped gradient sums are accumulated over them and the
-Gaussian noise N(0, (σC)²) is added **once** per logical step, then the total is divided by
-the public expected batch size qN. Splitting is therefore a memory knob that never changes
-the noise. The privatised gradient is handed to any torch optimizer (SGD, momentum, Adam),
-and an exponential moving average of the parameters can follow each logical step.
+micro-batches to fit in memory; their clipped sums are added and the Gaussian noise
+N(0, (σΔ)²) is added **once** per logical step, then the total is divided by the public
+expected batch size qN. Splitting is therefore a memory knob that never changes the noise.
 """
 
+import dataclasses
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 import torch
 
@@ -17,9 +22,9 @@ from dpvision.accounting import PrivacyLedger
 from dpvision.distributed import Workers
 from dpvision.errors import DPVisionError
 from dpvision.mechanisms import gaussian_noise, observe_release
-from dpvision.training.per_example import ClippedGradientSum, clipped_gradient_sum
+from dpvision.per_example import CLIPPING_METHODS, ClippedGradientSum, clip_and_sum
 
-CLIPPING_METHODS = ("auto", "bookkeeping", "vmap")
+RELEASED = "DP-SGD clipped gradient sum"
 
 
 def ema_decay(decay: float, step: int) -> float:
@@ -27,72 +32,101 @@ def ema_decay(decay: float, step: int) -> float:
     return min(decay, (1 + step) / (10 + step))
 
 
+@dataclasses.dataclass(frozen=True)
+class GradientRelease:
+    """The public parameters of one DP-SGD release.
+
+    Attributes:
+      noise_multiplier: σ ≥ 0 (0: no noise, recorded as a non-private release).
+      sample_rate: q, the Poisson rate the logical batches are drawn with.
+      expected_batch_size: qN, the public divisor of the noisy sum.
+      normalize_update: also divide by the sensitivity (jax_privacy's
+        ``rescale_to_unit_norm``, the normalised DP-SGD of De et al.).
+      released: what the ledger calls the release.
+    """
+
+    noise_multiplier: float
+    sample_rate: float
+    expected_batch_size: float
+    normalize_update: bool = False
+    released: str = RELEASED
+
+    def __post_init__(self) -> None:
+        if not (self.noise_multiplier >= 0 and math.isfinite(self.noise_multiplier)):
+            raise DPVisionError(f"noise_multiplier must be >= 0, got {self.noise_multiplier}")
+        if not 0 < self.sample_rate <= 1:
+            raise DPVisionError(f"sample_rate must be in (0, 1], got {self.sample_rate}")
+        if not self.expected_batch_size > 0:
+            raise DPVisionError(f"expected_batch_size must be > 0, got {self.expected_batch_size}")
+
+
 @torch.no_grad()
 def privatize_gradients(
     sums_and_params: list[tuple[torch.Tensor, torch.Tensor]],
     *,
-    noise_multiplier: float,
-    max_grad_norm: float,
-    expected_batch_size: float,
-    normalize_update: bool,
+    l2_sensitivity: float,
+    release: GradientRelease,
     ledger: PrivacyLedger,
-    sample_rate: float,
     generator: torch.Generator | None,
-    released: str,
 ) -> None:
     """Adds the noise of one logical step to clipped sums and sets each parameter's ``.grad``.
 
-    ``.grad = (Σᵢ clip(gᵢ, C) + N(0, (σC)² I)) / (qN)`` (also divided by C with
-    ``normalize_update``), the noise drawn once for each parameter in the order given.
-    Modifies the sums in place.
+    ``.grad = (Σᵢ clip(gᵢ) + N(0, (σΔ)² I)) / (qN)`` (also divided by Δ with
+    ``normalize_update``), Δ = ``l2_sensitivity``, the noise drawn once for each parameter in
+    the order given. Modifies the sums in place.
 
     Privacy:
       Releases the clipped sums over all parameters together with Gaussian noise of
-      multiplier σ and L2 sensitivity C, one Poisson-sampled Gaussian step at rate q, and
-      records it in ``ledger`` (σ = 0: a non-private release, recorded as such). The
-      division by the public qN is post-processing.
+      multiplier σ and L2 sensitivity Δ (the clipped sum's stated sensitivity), one
+      Poisson-sampled Gaussian step at rate q, and records it in ``ledger`` (σ = 0: a
+      non-private release, recorded as such). The division by the public qN is
+      post-processing.
     """
-    divisor = expected_batch_size * (max_grad_norm if normalize_update else 1.0)
+    sigma = release.noise_multiplier
+    divisor = release.expected_batch_size * (l2_sensitivity if release.normalize_update else 1.0)
     for index, (total, param) in enumerate(sums_and_params):
         total = observe_release(
-            total, l2_sensitivity=max_grad_norm, released=released, part=index > 0
+            total, l2_sensitivity=l2_sensitivity, released=release.released, part=index > 0
         )
-        if noise_multiplier > 0:
+        if sigma > 0:
             total += gaussian_noise(
                 total.shape,
-                l2_sensitivity=max_grad_norm,
-                noise_multiplier=noise_multiplier,
+                l2_sensitivity=l2_sensitivity,
+                noise_multiplier=sigma,
                 dtype=total.dtype,
                 device=total.device,
                 generator=generator,
             )
         param.grad = total / divisor
-    if noise_multiplier > 0:
-        # The noise on all parameters together is one Gaussian release of sensitivity C.
+    if sigma > 0:
+        # The noise on all parameters together is one Gaussian release of sensitivity Δ.
         ledger.record(
-            noise_multiplier=noise_multiplier,
-            sample_rate=sample_rate,
-            l2_sensitivity=max_grad_norm,
-            released=released,
+            noise_multiplier=sigma,
+            sample_rate=release.sample_rate,
+            l2_sensitivity=l2_sensitivity,
+            released=release.released,
         )
     else:
-        ledger.record_non_private(released=f"{released} without noise")
+        ledger.record_non_private(released=f"{release.released} without noise")
 
 
 class ParameterEMA:
-    """Exponential moving average of a model's parameters, updated once per logical step."""
+    """Exponential moving average of a module's parameters, updated once per logical step."""
 
     def __init__(self, model: torch.nn.Module, decay: float) -> None:
         if not 0 <= decay < 1:
             raise ValueError(f"decay must be in [0, 1), got {decay}")
         self.decay = decay
         self.step = 0
+        self.model = model
         self.shadow = {k: v.detach().clone() for k, v in model.named_parameters()}
 
     @torch.no_grad()
-    def update(self, model: torch.nn.Module) -> None:
+    def update(self, model: torch.nn.Module | None = None) -> None:
+        """Moves the average towards the parameters of ``model`` (default: the module it
+        was made for)."""
         mu = ema_decay(self.decay, self.step)
-        for name, param in model.named_parameters():
+        for name, param in (model or self.model).named_parameters():
             self.shadow[name].mul_(mu).add_(param.detach(), alpha=1 - mu)
         self.step += 1
 
@@ -107,6 +141,50 @@ class ParameterEMA:
         for name, value in shadow.items():
             self.shadow[name].copy_(value)
         self.step = int(state["step"])  # type: ignore[call-overload]
+
+
+@torch.no_grad()
+def noisy_step(
+    clipped: ClippedGradientSum,
+    params: Mapping[str, torch.Tensor],
+    *,
+    release: GradientRelease,
+    optimizer: torch.optim.Optimizer,
+    ledger: PrivacyLedger,
+    generator: torch.Generator | None,
+    ema: ParameterEMA | None = None,
+    workers: Workers | None = None,
+    keep_grad: bool = False,
+) -> None:
+    """The one DP-SGD update of a logical batch, from its clipped sum.
+
+    Sums the ranks' shares (``workers``), adds the noise once with
+    :func:`privatize_gradients` at the sensitivity ``clipped`` states, steps ``optimizer``,
+    clears the gradients (``keep_grad``: leaves the privatised gradient in ``.grad``, as a
+    torch optimizer does) and updates ``ema``. ``params`` (name → parameter) may be stacked
+    tensors of many independent runs (the audit), each getting its own noise.
+
+    Privacy:
+      One Poisson-sampled Gaussian release of ``clipped`` (sensitivity
+      ``clipped.l2_sensitivity``, σ and q of ``release``), recorded in ``ledger``; the rest
+      is post-processing.
+    """
+    totals = [clipped.grads[name] for name in params]
+    # Exact sums over every rank's share, then the noise once (Algorithm 1). No count of the
+    # batch's examples or of its non-finite gradients is kept: both are private.
+    (workers or Workers()).all_reduce_(totals)
+    privatize_gradients(
+        list(zip(totals, params.values(), strict=True)),
+        l2_sensitivity=clipped.l2_sensitivity,
+        release=release,
+        ledger=ledger,
+        generator=generator,
+    )
+    optimizer.step()
+    if not keep_grad:
+        optimizer.zero_grad(set_to_none=True)
+    if ema is not None:
+        ema.update()
 
 
 class DPSGDStep:
@@ -128,16 +206,15 @@ class DPSGDStep:
         all-reduced before the noise, which every rank then draws identically, once.
       views: whether inputs carry K augmented views per example, (B, K, ...).
       clipping: how per-example gradients are clipped: ``auto`` (book-keeping norms for
-        linear, convolution and group-norm layers, the torch.func reference otherwise),
-        ``bookkeeping`` or ``vmap``. All give the same clipped sum.
-      normalize_update: jax_privacy's ``rescale_to_unit_norm`` (the normalised DP-SGD of
-        De et al.): the noisy sum is divided by C as well, so the update no longer scales
-        with C. The release and its sensitivity are unchanged.
+        the layers it supports, the torch.func reference otherwise), ``bookkeeping`` or
+        ``vmap``. All give the same clipped sum.
+      normalize_update: see :class:`GradientRelease`.
+      ema: a parameter average of ``model`` to update after each step.
 
     Privacy:
       Each call releases Σᵢ clip(gᵢ, C) + N(0, (σC)² I) over the examples of one Poisson
       batch (all ranks' shares together), L2 sensitivity C, recorded as one
-      Poisson-sampled Gaussian step at rate q.
+      Poisson-sampled Gaussian step at rate q (:func:`noisy_step`).
       Everything after (division by qN, the optimizer, the EMA) is post-processing. With
       σ = 0 nothing is private and the ledger says so (a non-private baseline).
     """
@@ -158,18 +235,22 @@ class DPSGDStep:
         clipping: str = "auto",
         normalize_update: bool = False,
         workers: Workers | None = None,
+        ema: ParameterEMA | None = None,
     ) -> None:
         if clipping not in CLIPPING_METHODS:
             raise DPVisionError(
                 f"unknown clipping {clipping!r}; choose one of {', '.join(CLIPPING_METHODS)}"
             )
-        if not (noise_multiplier >= 0 and math.isfinite(noise_multiplier)):
-            raise DPVisionError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
+        self.release = GradientRelease(
+            noise_multiplier=noise_multiplier,
+            sample_rate=sample_rate,
+            expected_batch_size=sample_rate * num_examples,
+            normalize_update=normalize_update,
+        )
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
-        self.noise_multiplier, self.max_grad_norm = noise_multiplier, max_grad_norm
-        self.sample_rate, self.num_examples = sample_rate, num_examples
+        self.max_grad_norm = max_grad_norm
         self.ledger, self.generator, self.views = ledger, generator, views
-        self.clipping, self.normalize_update = clipping, normalize_update
+        self.clipping, self.ema = clipping, ema
         self.workers = workers or Workers()
 
     def __call__(self, micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -178,50 +259,29 @@ class DPSGDStep:
         An empty logical batch is an empty iterable: it still gets its noise. Under
         ``torchrun`` every rank calls this with its own share of the batch.
         """
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        names = [k for k, p in self.model.named_parameters() if p.requires_grad]
-        total = [torch.zeros_like(p) for p in params]
+        params = {k: p for k, p in self.model.named_parameters() if p.requires_grad}
+        total = ClippedGradientSum.zeros(params, l2_sensitivity=self.max_grad_norm)
         for inputs, targets in micro_batches:
             if len(inputs) == 0:
                 continue
-            clipped = self._clip(inputs, targets)
-            for acc, name in zip(total, names, strict=True):
-                acc += clipped.grads[name]
-        # Exact sums over every rank's share, then the noise once (Algorithm 1). No count of
-        # the batch's examples or of its non-finite gradients is kept: both are private.
-        self.workers.all_reduce_(total)
-        privatize_gradients(
-            list(zip(total, params, strict=True)),
-            noise_multiplier=self.noise_multiplier,
-            max_grad_norm=self.max_grad_norm,
-            expected_batch_size=self.sample_rate * self.num_examples,
-            normalize_update=self.normalize_update,
-            ledger=self.ledger,
-            sample_rate=self.sample_rate,
-            generator=self.generator,
-            released="DP-SGD clipped gradient sum",
-        )
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def _clip(self, inputs: torch.Tensor, targets: torch.Tensor) -> ClippedGradientSum:
-        if self.clipping == "vmap":
-            return clipped_gradient_sum(
-                self.model,
-                self.loss_fn,
-                inputs,
-                targets,
-                max_grad_norm=self.max_grad_norm,
-                views=self.views,
+            total.add_(
+                clip_and_sum(
+                    self.model,
+                    self.loss_fn,
+                    inputs,
+                    targets,
+                    max_grad_norm=self.max_grad_norm,
+                    views=self.views,
+                    method=self.clipping,
+                )
             )
-        from dpvision.training.bookkeeping import clip_and_sum
-
-        return clip_and_sum(
-            self.model,
-            self.loss_fn,
-            inputs,
-            targets,
-            max_grad_norm=self.max_grad_norm,
-            views=self.views,
-            method=self.clipping,
+        noisy_step(
+            total,
+            params,
+            release=self.release,
+            optimizer=self.optimizer,
+            ledger=self.ledger,
+            generator=self.generator,
+            ema=self.ema,
+            workers=self.workers,
         )

@@ -4,20 +4,48 @@ Names follow Opacus and jax_privacy: ``max_grad_norm`` (C), ``batch_size`` (the 
 logical batch size; the Poisson rate is q = batch_size / N), ``physical_batch_size`` (a
 memory knob: examples per micro-batch, never changes the noise), ``augmult`` (K views per
 example), ``ema_decay`` (μ; 0 turns the average off).
+
+The knobs that change speed, memory or logging but never the trained model nor its privacy
+form their own typed group, :class:`PerformanceOptions` (jax_privacy's
+``PerformanceFlags``); the ``[learner]`` table keeps them flat. A checkpoint is tied to the
+other options only (:meth:`DPSGDOptions.run_settings`), so a run may be resumed with a
+smaller physical batch after running out of memory.
 """
 
 import dataclasses
-import re
 from dataclasses import dataclass
 from typing import Any
 
+from dpvision.data.augment import PADDING_MODES
 from dpvision.errors import DPVisionError
+from dpvision.models.registry import parse_model
+from dpvision.per_example import CLIPPING_METHODS
 
 OPTIMIZERS = ("sgd", "adam")
 NORMALIZATIONS = ("none", "dataset")
-_WRN = re.compile(r"^wrn-(\d+)-(\d+)$")
-_MLP = re.compile(r"^mlp-(\d+)$")
-MODELS_HELP = "tanh-cnn, scatter-cnn, wrn-DEPTH-WIDTH (e.g. wrn-16-4), mlp-HIDDEN (e.g. mlp-32)"
+
+
+@dataclass(frozen=True)
+class PerformanceOptions:
+    """How a DP-SGD run is executed: the same trained model and the same privacy whatever
+    their values.
+
+    Attributes:
+      physical_batch_size: examples per micro-batch (each with its K views); memory only.
+      clipping: ``auto``, ``bookkeeping`` or ``vmap`` (the same clipped sum, another speed).
+      eval_every: evaluate on the test set every this many steps (0: only at the end).
+      checkpoint_every: write the checkpoint every this many steps (with ``--checkpoint``).
+      eval_batch_size: examples per evaluation batch.
+    """
+
+    physical_batch_size: int = 256
+    clipping: str = "auto"
+    eval_every: int = 0
+    checkpoint_every: int = 100
+    eval_batch_size: int = 1024
+
+
+_PERFORMANCE = tuple(f.name for f in dataclasses.fields(PerformanceOptions))
 
 
 @dataclass(frozen=True)
@@ -30,7 +58,6 @@ class DPSGDOptions:
         ``mlp-H`` (tanh MLP with H hidden units on flattened inputs of any size; ``mlp-0``
         is logistic regression).
       batch_size: expected logical batch size B; Poisson sampling at q = B/N.
-      physical_batch_size: examples per micro-batch (each with its K views); memory only.
       steps: logical steps T; if unset, ``epochs``.
       epochs: T = ceil(epochs / q) when ``steps`` is unset.
       learning_rate, momentum, optimizer (``sgd`` or ``adam``), weight_decay: the optimizer
@@ -45,10 +72,6 @@ class DPSGDOptions:
         GroupNorm groups of ``wrn``.
       normalization: ``dataset`` (published per-dataset mean/std, public constants) or
         ``none`` (pixels in [0, 1]).
-      clipping: ``auto``, ``bookkeeping`` or ``vmap`` (same result, different speed).
-      eval_every: evaluate on the test set every this many steps (0: only at the end).
-      checkpoint_every: write the checkpoint every this many steps (with ``--checkpoint``).
-      eval_batch_size: examples per evaluation batch.
       encoder: ``--method dp-randp`` only: the Phase I encoder file (``dpvision pretrain``);
         unset, Phase I runs first with the ``[pretrain]`` options (cached by them).
       phase2_steps: ``dp-randp``: N₁, the first steps, which train only the head (Phase
@@ -57,11 +80,11 @@ class DPSGDOptions:
       phase2_fraction: ``dp-randp``: instead of N₁, the share ε₁/ε of the budget for Phase
         II; N₁ is the most steps whose ε stays within it (1: linear probing only).
       phase2_learning_rate: ``dp-randp``: the Phase II learning rate (unset: learning_rate).
+      performance: :class:`PerformanceOptions` (given flat in the ``[learner]`` table).
     """
 
     model: str = "tanh-cnn"
     batch_size: int = 256
-    physical_batch_size: int = 256
     steps: int | None = None
     epochs: float | None = 10.0
     learning_rate: float = 1.0
@@ -78,19 +101,17 @@ class DPSGDOptions:
     ema_decay: float = 0.0
     groups: int = 27
     normalization: str = "none"
-    clipping: str = "auto"
-    eval_every: int = 0
-    checkpoint_every: int = 100
-    eval_batch_size: int = 1024
     encoder: str | None = None
     phase2_steps: int | None = None
     phase2_fraction: float | None = None
     phase2_learning_rate: float | None = None
+    performance: PerformanceOptions = dataclasses.field(default_factory=PerformanceOptions)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "DPSGDOptions":
         """Builds and validates the options; unknown keys and bad values are one-line errors."""
-        fields = {f.name: f for f in dataclasses.fields(cls)}
+        fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "performance"}
+        fields.update({f.name: f for f in dataclasses.fields(PerformanceOptions)})
         values: dict[str, Any] = {}
         for key, value in raw.items():
             if key not in fields:
@@ -100,19 +121,32 @@ class DPSGDOptions:
             values[key] = _coerce(key, value, _type_name(fields[key].type))
         if "steps" in values and values["steps"] is not None and "epochs" not in values:
             values["epochs"] = None
-        return cls(**values).validated()
+        performance = PerformanceOptions(
+            **{key: values.pop(key) for key in _PERFORMANCE if key in values}
+        )
+        return cls(**values, performance=performance).validated()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The options as the flat ``[learner]`` table."""
+        out = dataclasses.asdict(self)
+        return {**out, **out.pop("performance")}
+
+    def run_settings(self) -> dict[str, Any]:
+        """The options that change the trained model or its privacy (all but
+        :class:`PerformanceOptions`): what a checkpoint is tied to."""
+        out = dataclasses.asdict(self)
+        del out["performance"]
+        return out
 
     def validated(self) -> "DPSGDOptions":
-        from dpvision.data.augment import PADDING_MODES
-        from dpvision.training.engine import CLIPPING_METHODS
-
         parse_model(self.model)
+        performance = self.performance
         positive = {
             "batch_size": self.batch_size,
-            "physical_batch_size": self.physical_batch_size,
+            "physical_batch_size": performance.physical_batch_size,
             "learning_rate": self.learning_rate,
             "max_grad_norm": self.max_grad_norm,
-            "eval_batch_size": self.eval_batch_size,
+            "eval_batch_size": performance.eval_batch_size,
         }
         for name, value in positive.items():
             if not value > 0:
@@ -129,8 +163,10 @@ class DPSGDOptions:
             if getattr(self, name) < 0:
                 raise DPVisionError(f"learner.{name} must be >= 0, got {getattr(self, name)}")
         for name in ("eval_every", "checkpoint_every"):
-            if getattr(self, name) < 0:
-                raise DPVisionError(f"learner.{name} must be >= 0, got {getattr(self, name)}")
+            if getattr(performance, name) < 0:
+                raise DPVisionError(
+                    f"learner.{name} must be >= 0, got {getattr(performance, name)}"
+                )
         if self.phase2_steps is not None and self.phase2_steps < 0:
             raise DPVisionError(f"learner.phase2_steps must be >= 0, got {self.phase2_steps}")
         if self.phase2_fraction is not None and not 0 <= self.phase2_fraction <= 1:
@@ -146,16 +182,15 @@ class DPSGDOptions:
         if not 0 <= self.ema_decay < 1:
             raise DPVisionError(f"learner.ema_decay must be in [0, 1), got {self.ema_decay}")
         choices = {
-            "optimizer": OPTIMIZERS,
-            "normalization": NORMALIZATIONS,
-            "padding_mode": PADDING_MODES,
-            "clipping": CLIPPING_METHODS,
+            "optimizer": (self.optimizer, OPTIMIZERS),
+            "normalization": (self.normalization, NORMALIZATIONS),
+            "padding_mode": (self.padding_mode, PADDING_MODES),
+            "clipping": (performance.clipping, CLIPPING_METHODS),
         }
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
+        for name, (value, allowed) in choices.items():
+            if value not in allowed:
                 raise DPVisionError(
-                    f"unknown learner.{name} {getattr(self, name)!r}; choose one of "
-                    f"{', '.join(allowed)}"
+                    f"unknown learner.{name} {value!r}; choose one of {', '.join(allowed)}"
                 )
         return self
 
@@ -171,23 +206,6 @@ class DPSGDOptions:
                 self.phase2_learning_rate,
             )
         )
-
-
-def parse_model(name: str) -> tuple[str, dict[str, int]]:
-    """``tanh-cnn`` → ("tanh-cnn", {}); ``wrn-16-4`` → ("wrn", {"depth": 16, "width": 4});
-    ``mlp-32`` → ("mlp", {"hidden": 32})."""
-    if name in ("tanh-cnn", "scatter-cnn"):
-        return name, {}
-    match = _WRN.match(name)
-    if match:
-        depth, width = int(match.group(1)), int(match.group(2))
-        if (depth - 4) % 6 or depth < 10 or width < 1:
-            raise DPVisionError(f"model {name}: a WRN needs depth = 6n + 4 >= 10 and width >= 1")
-        return "wrn", {"depth": depth, "width": width}
-    match = _MLP.match(name)
-    if match:
-        return "mlp", {"hidden": int(match.group(1))}
-    raise DPVisionError(f"unknown model {name!r}; choose one of: {MODELS_HELP}")
 
 
 def _type_name(kind: Any) -> str:

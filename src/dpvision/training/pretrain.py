@@ -35,10 +35,14 @@ import numpy as np
 import torch
 from torch import nn
 
+from dpvision.data.core import images_to_tensor
+from dpvision.data.synthetic import SYNTHETIC_KINDS, generate
 from dpvision.errors import DPVisionError
-from dpvision.fileio import load_torch
+from dpvision.features.progress import Progress
+from dpvision.fileio import atomic_open, load_torch
+from dpvision.models.encoder import EncoderInfo, build_body, save_encoder
+from dpvision.models.registry import parse_model
 from dpvision.training.contrastive import align_uniform_loss, contrastive_views
-from dpvision.training.encoder import EncoderInfo, save_encoder
 
 PRETRAIN_CHECKPOINT_FORMAT = "dpvision-pretrain-checkpoint-v1"
 # When the learning rate drops by 10 (Baradad et al.: epochs 155, 170, 185 of 200).
@@ -104,8 +108,6 @@ class PretrainOptions:
         return cls(**values).validated()
 
     def validated(self) -> "PretrainOptions":
-        from dpvision.data.synthetic import SYNTHETIC_KINDS
-        from dpvision.training.options import parse_model
 
         parse_model(self.model)
         if self.synthetic not in SYNTHETIC_KINDS:
@@ -181,8 +183,6 @@ class _Images:
     """The synthetic images of Phase I: a fixed set reshuffled per epoch, or a fresh stream."""
 
     def __init__(self, options: PretrainOptions, seed: int, order_seed: int, quiet: bool) -> None:
-        from dpvision.data.synthetic import generate
-        from dpvision.features.progress import Progress
 
         self.options, self.seed = options, seed
         self.order = np.random.default_rng(order_seed)
@@ -210,7 +210,6 @@ class _Images:
 
     def statistics(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """Per-channel mean and std of (up to 10 000 of) the synthetic images, in [0, 1]."""
-        from dpvision.data.synthetic import generate
 
         o = self.options
         sample = (
@@ -223,7 +222,6 @@ class _Images:
         return tuple(float(v) for v in values.mean(axis=0)), tuple(float(v) for v in std)
 
     def batch(self, step: int) -> np.ndarray:
-        from dpvision.data.synthetic import generate
 
         o = self.options
         if self.stored is None:
@@ -276,8 +274,6 @@ def pretrain(
 
     Privacy: reads synthetic images only; releases nothing about any private data.
     """
-    from dpvision.data.core import images_to_tensor
-    from dpvision.training.encoder import build_body
 
     start = time.perf_counter()
     seeds = _seeds(options.seed)
@@ -375,7 +371,6 @@ class _Session:
 
     def save(self, path: Path) -> None:
         """Writes the checkpoint atomically."""
-        from dpvision.pipeline import atomic_open
 
         payload = {
             "format": PRETRAIN_CHECKPOINT_FORMAT,

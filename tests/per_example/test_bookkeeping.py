@@ -8,13 +8,13 @@ from torch import nn
 
 from dpvision.errors import DPVisionError
 from dpvision.models import WSConv2d, scatter_cnn, tanh_cnn, wide_resnet
-from dpvision.training import (
+from dpvision.per_example import (
     bookkeeping_clipped_gradient_sum,
     clip_and_sum,
     clipped_gradient_sum,
     supports_bookkeeping,
 )
-from dpvision.training.bookkeeping import _bookkeeping_sum
+from dpvision.per_example.bookkeeping import _bookkeeping_sum
 
 LOSS = nn.CrossEntropyLoss(reduction="none")
 

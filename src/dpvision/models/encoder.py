@@ -18,8 +18,9 @@ import torch
 from torch import nn
 
 from dpvision.errors import DPVisionError
-from dpvision.fileio import load_torch
+from dpvision.fileio import atomic_open, load_torch
 from dpvision.models.heads import head_name, replace_head
+from dpvision.models.registry import build_model
 
 ENCODER_FORMAT = "dpvision-encoder-v1"
 
@@ -29,7 +30,8 @@ class EncoderInfo:
     """What an encoder file says about itself.
 
     Attributes:
-      model: the model name (``wrn-16-4``, ``tanh-cnn``, …; see ``DPSGDOptions.model``).
+      model: the model name (``wrn-16-4``, ``tanh-cnn``, …; see
+        :data:`dpvision.models.registry.MODELS_HELP`).
       input_shape: (C, H, W) of the images it takes.
       groups: the GroupNorm groups of the model.
       mean, std: per-channel input normalisation, public constants (statistics of the
@@ -53,11 +55,7 @@ class EncoderInfo:
 
 def build_body(model: str, input_shape: tuple[int, int, int], groups: int) -> nn.Module:
     """The named model for ``input_shape`` with its head replaced by the identity."""
-    from dpvision.training.options import DPSGDOptions
-    from dpvision.training.trainer import build_model
-
-    options = DPSGDOptions(model=model, groups=groups)
-    return replace_head(build_model(options, input_shape, num_classes=2), nn.Identity())
+    return replace_head(build_model(model, input_shape, 2, groups=groups), nn.Identity())
 
 
 def save_encoder(path: str | Path, body: nn.Module, info: EncoderInfo) -> Path:
@@ -65,8 +63,6 @@ def save_encoder(path: str | Path, body: nn.Module, info: EncoderInfo) -> Path:
 
     Privacy: an encoder trained on synthetic images only holds no private information.
     """
-    from dpvision.pipeline import atomic_open
-
     payload = {
         "format": ENCODER_FORMAT,
         "info": dataclasses.asdict(info),

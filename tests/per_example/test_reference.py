@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from dpvision.errors import DPVisionError
-from dpvision.training import clipped_gradient_sum
+from dpvision.per_example import clipped_gradient_sum
 
 LOSS = nn.CrossEntropyLoss(reduction="none")
 

@@ -1,6 +1,6 @@
 """Book-keeping clipping: per-example clipped gradient sums from one forward and one backward.
 
-The reference :func:`~dpvision.training.per_example.clipped_gradient_sum` materialises every
+The reference :func:`~dpvision.per_example.reference.clipped_gradient_sum` materialises every
 per-example gradient with ``vmap(grad(...))``. Book-keeping (Bu et al., 2023) gets the same
 result from quantities an ordinary backward pass already has:
 
@@ -9,7 +9,7 @@ result from quantities an ordinary backward pass already has:
    gives the gradient gᵢₜ with respect to each layer's output and nothing else (the
    parameter gradients of the whole batch are never formed);
 3. each layer turns (a, g) into per-example squared gradient norms
-   (:mod:`dpvision.training.layer_gradients`: ghost norms or small materialised
+   (:mod:`dpvision.per_example.layers`: ghost norms or small materialised
    gradients), and these add up to ‖gᵢ‖² over *all* trainable parameters;
 4. with cᵢ = min(1, C/‖gᵢ‖), each layer's clipped sum Σᵢ cᵢ Σₜ gᵢₜaᵢₜᵀ is one product with cᵢ
    folded into g (no second backward pass).
@@ -42,15 +42,15 @@ from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from dpvision.errors import DPVisionError
 from dpvision.mechanisms import clipping
-from dpvision.training import batch_layout
-from dpvision.training.layer_gradients import (
+from dpvision.per_example import batch_layout
+from dpvision.per_example.layers import (
     Call,
     LayerTerms,
     Strategy,
     layer_terms,
     unsupported_reason,
 )
-from dpvision.training.per_example import ClippedGradientSum, clipped_gradient_sum
+from dpvision.per_example.reference import ClippedGradientSum, clipped_gradient_sum
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -459,7 +459,7 @@ def clip_and_sum(
       mask: optional (B,) booleans; rows that are false (padding) contribute nothing.
       method: ``auto`` (book-keeping when :func:`supports_bookkeeping`, else vmap),
         ``bookkeeping`` (raises :class:`~dpvision.errors.DPVisionError` when unsupported) or
-        ``vmap`` (:func:`~dpvision.training.per_example.clipped_gradient_sum`).
+        ``vmap`` (:func:`~dpvision.per_example.reference.clipped_gradient_sum`).
 
     Returns:
       The clipped sum, its sensitivity C, the counts, and the per-example norms.
@@ -514,7 +514,7 @@ def bookkeeping_clipped_gradient_sum(
     """Σᵢ clip(gᵢ, C) by book-keeping, with the vmap reference for unsupported models.
 
     Same contract and result as
-    :func:`~dpvision.training.per_example.clipped_gradient_sum` (see :func:`clip_and_sum`
+    :func:`~dpvision.per_example.reference.clipped_gradient_sum` (see :func:`clip_and_sum`
     with ``method="auto"`` for the arguments), at about the cost of one ordinary training
     step.
 

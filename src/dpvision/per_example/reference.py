@@ -10,7 +10,7 @@ This is the reference path: it materialises every gᵢ with ``vmap(grad(...))`` 
 of parameters memory). Faster norm-only paths must agree with it.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -38,6 +38,39 @@ class ClippedGradientSum:
     count: int
     nonfinite: int
     norms: torch.Tensor
+
+    @classmethod
+    def zeros(
+        cls, params: Mapping[str, torch.Tensor], *, l2_sensitivity: float
+    ) -> "ClippedGradientSum":
+        """The empty sum over ``params`` (name → parameter), of the sensitivity its parts
+        will state: what physical micro-batches are accumulated into."""
+        like = next(iter(params.values()), None)
+        return cls(
+            grads={name: torch.zeros_like(p) for name, p in params.items()},
+            l2_sensitivity=float(l2_sensitivity),
+            count=0,
+            nonfinite=0,
+            norms=torch.zeros(0) if like is None else like.new_zeros(0),
+        )
+
+    def add_(self, other: "ClippedGradientSum") -> None:
+        """Adds the clipped sum of other examples (disjoint from these) in place.
+
+        Raises:
+          DPVisionError: ``other`` states another sensitivity: the total's would be
+            neither, and noise scaled to one of them would be wrong.
+        """
+        if other.l2_sensitivity != self.l2_sensitivity:
+            raise DPVisionError(
+                f"cannot add a clipped sum of sensitivity {other.l2_sensitivity:g} to one of "
+                f"{self.l2_sensitivity:g}"
+            )
+        for name, value in other.grads.items():
+            self.grads[name] += value
+        self.count += other.count
+        self.nonfinite += other.nonfinite
+        self.norms = torch.cat([self.norms, other.norms.to(self.norms)])
 
 
 def clipped_gradient_sum(

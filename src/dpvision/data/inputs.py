@@ -1,0 +1,111 @@
+"""Model inputs from images: uint8 (N, H, W, C) → float (N, C, H, W), standardised with
+public per-dataset constants, a batch at a time when the images are larger than memory.
+
+Privacy: every map here is per example with public constants; nothing is released.
+"""
+
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from dpvision.accounting import PrivacyLedger
+from dpvision.data.core import images_to_tensor
+from dpvision.errors import DPVisionError
+
+# Published per-dataset channel statistics, used as public constants (as in every paper of
+# the field); ``normalization = "none"`` keeps pixels in [0, 1] instead.
+DATASET_STATISTICS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
+    "mnist": ((0.1307,), (0.3081,)),
+    "fashion-mnist": ((0.2860,), (0.3530,)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),  # jax_privacy
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+}
+
+
+class LazyInputs:
+    """Model inputs (N, C, H, W) made from uint8 images (N, H, W, C) a batch at a time.
+
+    The images may be memory-mapped (``npy:DIR`` datasets) and larger than memory: only the
+    rows indexed are read and converted (to float in [0, 1], then each of ``transforms``).
+    Indexing with a tensor of indices or a slice returns a float32 tensor.
+
+    Privacy: a fixed per-example map with public constants; releases nothing.
+    """
+
+    def __init__(
+        self,
+        images: np.ndarray,
+        transforms: tuple[Callable[[torch.Tensor], torch.Tensor], ...] = (),
+    ) -> None:
+        self.images = images
+        self.transforms = transforms
+
+    @property
+    def shape(self) -> torch.Size:
+        count, height, width, channels = self.images.shape
+        return torch.Size((count, channels, height, width))
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: torch.Tensor | slice) -> torch.Tensor:
+        rows = index.numpy() if isinstance(index, torch.Tensor) else index
+        inputs = images_to_tensor(np.ascontiguousarray(self.images[rows]))
+        for transform in self.transforms:
+            inputs = transform(inputs)
+        return inputs
+
+    def map(self, transform: Callable[[torch.Tensor], torch.Tensor]) -> "LazyInputs":
+        """The same inputs followed by ``transform`` (applied per batch)."""
+        return LazyInputs(self.images, (*self.transforms, transform))
+
+
+def lazy_pixel_inputs(images: np.ndarray, dataset: str, normalization: str) -> LazyInputs:
+    """:func:`pixel_inputs`, made a batch at a time when indexed."""
+    if normalization != "dataset":
+        return LazyInputs(images)
+    standardize = _standardizer(dataset)
+    return LazyInputs(images, (standardize,))
+
+
+def _standardizer(dataset: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    if dataset not in DATASET_STATISTICS:
+        raise DPVisionError(
+            f"no published statistics for {dataset}; set learner.normalization = 'none' "
+            f"(known: {', '.join(DATASET_STATISTICS)})"
+        )
+    mean, std = (torch.tensor(v).view(-1, 1, 1) for v in DATASET_STATISTICS[dataset])
+    return lambda inputs: (inputs - mean) / std
+
+
+def pixel_inputs(images: np.ndarray, dataset: str, normalization: str) -> torch.Tensor:
+    """uint8 images (N, H, W, C) → float (N, C, H, W) in [0, 1], then standardised with the
+    published per-dataset statistics when ``normalization = "dataset"``.
+
+    Privacy: a fixed per-example map with public constants; releases nothing.
+    """
+    inputs = images_to_tensor(images)
+    if normalization != "dataset":
+        return inputs
+    return _standardizer(dataset)(inputs)
+
+
+@dataclasses.dataclass
+class TrainingData:
+    """The inputs and labels of a DP-SGD run, and the ledger of how they were made.
+
+    ``train_x`` and ``test_x`` are model inputs (N, C, H, W): a tensor, or
+    :class:`LazyInputs` converted a batch at a time. ``ledger`` holds the private
+    preprocessing that made them (empty for pixels); ``num_classes`` is public (config or
+    registry), never read off the labels.
+    """
+
+    name: str
+    train_x: torch.Tensor | LazyInputs
+    train_y: torch.Tensor
+    test_x: torch.Tensor | LazyInputs
+    test_y: torch.Tensor
+    num_classes: int
+    ledger: PrivacyLedger

@@ -1,0 +1,38 @@
+"""Per-example clipped gradient sums: Σᵢ clip(gᵢ, C), the quantity DP-SGD releases.
+
+* :mod:`dpvision.per_example.reference` — the ``torch.func`` reference: every gᵢ with
+  ``vmap(grad(...))``; any model, B × parameters memory.
+* :mod:`dpvision.per_example.bookkeeping` — book-keeping (Bu et al.): per-example norms from
+  layer activations and output gradients, then one weighted backward pass; no gᵢ is
+  materialised.
+* :mod:`dpvision.per_example.layers` — the per-layer rules book-keeping uses.
+* :mod:`dpvision.per_example.batch_layout` — probes that each layer sees one row per example.
+
+:func:`clip_and_sum` chooses among them (``clipping = auto | bookkeeping | vmap``); all give
+the same clipped sum, of L2 sensitivity C.
+"""
+
+from dpvision.per_example.bookkeeping import (
+    ClippingMethod,
+    bookkeeping_clipped_gradient_sum,
+    clip_and_sum,
+    supports_bookkeeping,
+)
+from dpvision.per_example.reference import (
+    ClippedGradientSum,
+    clipped_gradient_sum,
+    functional_clipped_sum,
+)
+
+CLIPPING_METHODS = tuple(method.value for method in ClippingMethod)
+
+__all__ = [
+    "CLIPPING_METHODS",
+    "ClippedGradientSum",
+    "ClippingMethod",
+    "bookkeeping_clipped_gradient_sum",
+    "clip_and_sum",
+    "clipped_gradient_sum",
+    "functional_clipped_sum",
+    "supports_bookkeeping",
+]

@@ -1,0 +1,6 @@
+"""What the commands do, each a short function over the layers below.
+
+* :mod:`dpvision.runs.train` — ``dpvision train``: :func:`run_training` and its summary;
+* :mod:`dpvision.runs.features` — feature learners on (private) features;
+* :mod:`dpvision.runs.dpsgd` — DP-SGD and DP-RandP on deep models.
+"""

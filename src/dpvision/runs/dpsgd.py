@@ -1,0 +1,384 @@
+"""``dpvision train --method dp-sgd`` and ``dp-randp``: DP-SGD on deep image models, end to end.
+
+One logical step (De et al. 2022, Alg. 1, with the choices of TAN/DP-RandP):
+
+1. Poisson-sample the logical batch at q = B/N (:class:`dpvision.mechanisms.PoissonSampler`);
+2. cut it into physical micro-batches of ``physical_batch_size`` examples, with K augmented
+   views of each example when ``augmult`` ≥ 1 (:mod:`dpvision.training.batching`);
+3. clip each example's gradient (the mean over its views) to C, sum, add N(0, (σC)²) once,
+   divide by the public qN, step the optimizer and update the parameter EMA
+   (:func:`dpvision.training.engine.noisy_step`, the one DP-SGD update).
+
+Checkpoints (:mod:`dpvision.training.checkpoint`) make a killed run resumable bit for bit.
+Under ``torchrun`` (:mod:`dpvision.distributed`) every rank samples the same logical batch
+and draws the same augmentations, clips its contiguous share, and the clipped sums are
+all-reduced before the one noise draw; the run, its checkpoints and its ledger are those of
+one process with the same seed (up to the order of float additions), so a run may also be
+resumed with another number of processes. Rank 0 alone writes the checkpoint.
+"""
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F  # noqa: N812 (the usual PyTorch alias)
+
+from dpvision.accounting import PrivacyLedger, calibrate_noise_multiplier, default_accountant
+from dpvision.config import TrainConfig
+from dpvision.data import load_dataset
+from dpvision.data.inputs import TrainingData, lazy_pixel_inputs
+from dpvision.distributed import Workers, current
+from dpvision.errors import DPVisionError
+from dpvision.features import feature_shape, load_or_extract, parse_feature_spec
+from dpvision.features.backbone import encoder_digest
+from dpvision.features.preprocessing import preprocess
+from dpvision.log import say
+from dpvision.mechanisms import PoissonSampler
+from dpvision.models.encoder import load_into
+from dpvision.models.registry import build_model
+from dpvision.runs.transfer import transfer_plan
+from dpvision.training.batching import micro_batches
+from dpvision.training.checkpoint import (
+    TrainingState,
+    fingerprint,
+    resume,
+    save_checkpoint,
+    state_digest,
+)
+from dpvision.training.engine import DPSGDStep, ParameterEMA
+from dpvision.training.evaluation import evaluate
+from dpvision.training.memory import check_memory, memory_error
+from dpvision.training.options import DPSGDOptions
+from dpvision.training.transfer import TransferPlan, phase_optimizer
+
+PROGRESS_SECONDS = 30  # a progress line at least this often
+
+
+def run_seeds(seed: int) -> dict[str, int]:
+    """Independent seeds for each source of randomness, derived from the run's seed."""
+    names = ("preprocessing", "init", "sampler", "noise", "augment")
+    states = np.random.SeedSequence([seed, 4]).generate_state(len(names), dtype=np.uint64)
+    return {name: int(value) % 2**63 for name, value in zip(names, states, strict=True)}
+
+
+def run_settings(config: TrainConfig) -> dict[str, Any]:
+    """What changes a run: the config without where the data are, what it reproduces, and
+    the performance knobs; with a DP-RandP encoder, that file's digest. A checkpoint is
+    resumed only by a run of the same settings."""
+    data = config.to_dict()
+    data.pop("data_dir", None)
+    data.pop("reference", None)  # what the run reproduces, not how it runs
+    options = config.dpsgd
+    data["learner"] = options.run_settings()
+    if options.encoder is not None and Path(options.encoder).is_file():
+        # A run resumes only from the very same encoder, not another file at the same path.
+        data["learner"]["encoder_sha256"] = encoder_digest(options.encoder)
+    return data
+
+
+def config_fingerprint(config: TrainConfig) -> str:
+    """A hash of :func:`run_settings`."""
+    return fingerprint(run_settings(config))
+
+
+def run_dpsgd(
+    config: TrainConfig, *, quiet: bool = False, checkpoint: str | Path | None = None
+) -> dict[str, Any]:
+    """Trains one DP-SGD configuration and returns the result dict (DESIGN.md contract).
+
+    Args:
+      config: a validated config with ``method = "dp-sgd"`` or ``"dp-randp"``.
+      quiet: no progress lines on stderr.
+      checkpoint: a checkpoint file; resumed from when it exists, written every
+        ``learner.checkpoint_every`` steps and at the end.
+
+    Privacy:
+      Every logical step releases the noisy clipped gradient sum (sensitivity C, σ, rate q)
+      and is recorded in the ledger; private preprocessing (``private-norm``) is recorded
+      before. The reported ε is the ledger's at ``config.delta``; with a target ε the σ is
+      calibrated so that it never exceeds the target.
+    """
+    start = time.perf_counter()
+    run = _Run.start(config, quiet, None if checkpoint is None else Path(checkpoint))
+    loop_start = time.perf_counter()
+    while run.state.sampler.step < run.steps:
+        run.train_step()
+        run.after_step()
+    train_seconds = time.perf_counter() - loop_start
+    return run.result(wall_seconds=time.perf_counter() - start, train_seconds=train_seconds)
+
+
+@dataclasses.dataclass
+class _Run:
+    """One DP-SGD run: its data, schedule, state and the step it repeats."""
+
+    config: TrainConfig
+    options: DPSGDOptions
+    data: TrainingData
+    steps: int
+    sigma: float
+    state: TrainingState
+    step_fn: DPSGDStep
+    plan: TransferPlan | None
+    workers: Workers
+    quiet: bool
+    checkpoint: Path | None
+    settings: dict[str, Any]
+    last_report: float = dataclasses.field(default_factory=time.perf_counter)
+
+    @classmethod
+    def start(cls, config: TrainConfig, quiet: bool, checkpoint: Path | None) -> "_Run":
+        """Loads the data, calibrates σ, builds the model and the state, and resumes from
+        ``checkpoint`` when it exists."""
+        workers = current()
+        quiet = quiet or not workers.is_main
+        settings = run_settings(config)
+        workers.check_agree(fingerprint(settings), "the configuration")
+        options = config.dpsgd
+        seeds = run_seeds(config.seed)
+        data = load_inputs(config, options, seeds["preprocessing"], quiet)
+        num_train = len(data.train_y)
+        if options.batch_size > num_train:
+            raise DPVisionError(
+                f"learner.batch_size {options.batch_size} exceeds the {num_train} training examples"
+            )
+        sample_rate = options.batch_size / num_train
+        steps = (
+            options.steps if options.steps is not None else math.ceil(options.epochs / sample_rate)
+        )
+        sigma = noise_multiplier_for(config, sample_rate, steps, data.ledger)
+        check_memory(options, data.train_x.shape[1:])
+        plan = None
+        if config.method == "dp-randp":
+            plan = transfer_plan(config, options, data, sigma, sample_rate, steps, quiet)
+            options = dataclasses.replace(options, groups=plan.info.groups)
+        torch.manual_seed(seeds["init"])
+        shape = tuple(data.train_x.shape[1:])
+        model = build_model(options.model, shape, data.num_classes, groups=options.groups)
+        if plan is not None:
+            plan.head, _ = load_into(
+                model, plan.encoder, model_name=options.model, input_shape=plan.info.input_shape
+            )
+        state = TrainingState(
+            model=model,
+            optimizer=phase_optimizer(options, model, plan, 0),
+            ema=ParameterEMA(model, options.ema_decay) if options.ema_decay > 0 else None,
+            sampler=PoissonSampler(
+                num_examples=num_train,
+                sample_rate=sample_rate,
+                steps=steps,
+                seed=seeds["sampler"],
+            ),
+            noise=torch.Generator().manual_seed(seeds["noise"]),
+            augment=torch.Generator().manual_seed(seeds["augment"]),
+            ledger=data.ledger,
+        )
+        step_fn = DPSGDStep(
+            model=model,
+            optimizer=state.optimizer,
+            loss_fn=lambda out, y: F.cross_entropy(out, y, reduction="none"),
+            noise_multiplier=sigma,
+            max_grad_norm=options.max_grad_norm,
+            sample_rate=sample_rate,
+            num_examples=num_train,
+            ledger=state.ledger,
+            generator=state.noise,
+            views=options.augmult > 0,
+            clipping=options.performance.clipping,
+            normalize_update=options.normalize_update,
+            workers=workers,
+            ema=state.ema,
+        )
+        run = cls(
+            config, options, data, steps, sigma, state, step_fn, plan, workers, quiet,
+            checkpoint, settings,
+        )  # fmt: skip
+        run.resume()
+        say(
+            f"dp-sgd {options.model} ({sum(p.numel() for p in model.parameters())} parameters) "
+            f"on {num_train} examples: {steps} steps at q = {sample_rate:.4g}, σ = {sigma:.4g}, "
+            f"C = {options.max_grad_norm:g}, K = {options.augmult}"
+            + (f", {workers.world_size} processes" if workers.distributed else ""),
+            quiet,
+        )
+        return run
+
+    def resume(self) -> None:
+        """Continues from the checkpoint when there is one (rank 0 reads it)."""
+        path = self.checkpoint
+        if path is None or not self.workers.from_main(path.exists):
+            return
+        enter = self.enter_phase if self.plan is not None else None
+        resume(path, self.state, self.settings, self.workers, enter_step=enter)
+        self.step_fn.ledger = self.state.ledger
+        self.step_fn.optimizer = self.state.optimizer
+        say(f"resumed from {path} at step {self.state.sampler.step} of {self.steps}", self.quiet)
+
+    def enter_phase(self, step: int) -> torch.optim.Optimizer:
+        """A fresh optimizer for the DP-RandP phase that ``step`` falls in."""
+        optimizer = phase_optimizer(self.options, self.state.model, self.plan, step)
+        self.state.optimizer = self.step_fn.optimizer = optimizer
+        return optimizer
+
+    def train_step(self) -> None:
+        """One logical step: sample, cut into micro-batches, the noisy update."""
+        state, options = self.state, self.options
+        indices = state.sampler.sample()
+        state.sampler.step += 1
+        try:
+            self.step_fn(micro_batches(self.data, indices, options, state.augment, self.workers))
+        except RuntimeError as error:
+            raise memory_error(error, options) from None
+
+    def evaluate(self) -> dict[str, float]:
+        batch = self.options.performance.eval_batch_size
+        return evaluate(self.state.model, self.state.ema, self.data, batch, self.workers)
+
+    def after_step(self) -> None:
+        """The phase switch, evaluation, progress and checkpoint due after a step."""
+        done, history = self.state.sampler.step, self.state.history
+        performance = self.options.performance
+        if self.plan is not None and done == self.plan.phase2_steps:
+            self.enter_phase(done)
+            if done < self.steps:
+                history.append({"step": done, "phase": 2, **self.evaluate()})
+                say(
+                    f"Phase II done at step {done}: {history[-1]}; Phase III trains all", self.quiet
+                )
+        if performance.eval_every and done % performance.eval_every == 0 and done < self.steps:
+            history.append({"step": done, **self.evaluate()})
+            say(f"step {done}/{self.steps}: {history[-1]}", self.quiet)
+        elif time.perf_counter() - self.last_report > PROGRESS_SECONDS:
+            say(f"step {done}/{self.steps}", self.quiet)
+            self.last_report = time.perf_counter()
+        every = performance.checkpoint_every
+        if self.checkpoint is not None and ((every and done % every == 0) or done == self.steps):
+            self.workers.check_agree(state_digest(self.state.model), "the model parameters")
+            if self.workers.is_main:
+                save_checkpoint(self.checkpoint, self.state, self.settings)
+
+    def result(self, *, wall_seconds: float, train_seconds: float) -> dict[str, Any]:
+        """The result dict of DESIGN.md, after the final evaluation."""
+        config, state, model = self.config, self.state, self.state.model
+        self.workers.check_agree(state_digest(model), "the model parameters")
+        final = self.evaluate()
+        state.history.append({"step": state.sampler.step, **final})
+        ledger = state.ledger
+        accountant = config.accountant or default_accountant(ledger.dp_event()).value
+        epsilon = ledger.epsilon(config.delta, config.accountant) if ledger.is_private else math.inf
+        ema = state.ema is not None
+        return {
+            "dataset": self.data.name,
+            "method": config.method,
+            "features": config.features,
+            "model": self.options.model,
+            "test_accuracy": final["test_accuracy_ema"] if ema else final["test_accuracy"],
+            "test_accuracy_last": final["test_accuracy"],
+            "test_accuracy_ema": final.get("test_accuracy_ema"),
+            "epsilon": epsilon,
+            "delta": config.delta,
+            "accountant": accountant,
+            "noise_multiplier": self.sigma if self.sigma > 0 else None,
+            "steps": self.steps,
+            "sample_rate": self.step_fn.release.sample_rate,
+            "n_train": len(self.data.train_y),
+            "n_test": len(self.data.test_y),
+            "num_features": int(np.prod(self.data.train_x.shape[1:])),
+            "num_parameters": int(sum(p.numel() for p in model.parameters())),
+            # Post-processing of the releases: whether the released model blew up.
+            "diverged": not all(bool(torch.isfinite(p).all()) for p in model.parameters()),
+            "seed": config.seed,
+            "wall_seconds": wall_seconds,
+            "train_seconds": train_seconds,
+            "world_size": self.workers.world_size,
+            "epsilon_zcdp": None,
+            "history": state.history,
+            **({} if self.plan is None else self.plan.summary(epsilon)),
+            "privacy_ledger": ledger.to_dict()["entries"],
+            "config": config.to_dict(),
+        }
+
+
+def noise_multiplier_for(
+    config: TrainConfig, sample_rate: float, steps: int, prior: PrivacyLedger
+) -> float:
+    """σ of the DP-SGD steps: 0 with the noise off, the config's σ, or σ calibrated so that
+    ``prior`` (private preprocessing) and ``steps`` Poisson-sampled steps at ``sample_rate``
+    together meet the config's (ε, δ)."""
+    if config.noise_off:
+        return 0.0
+    if config.noise_multiplier is not None:
+        return config.noise_multiplier
+    assert config.epsilon is not None
+    return calibrate_noise_multiplier(
+        target_epsilon=config.epsilon,
+        target_delta=config.delta,
+        sample_rate=sample_rate,
+        steps=steps,
+        accountant=config.accountant,
+        preceding_event=prior.dp_event() if len(prior) else None,
+    )
+
+
+def load_inputs(config: TrainConfig, options: DPSGDOptions, seed: int, quiet: bool) -> TrainingData:
+    """Images (normalised) or ScatterNet feature maps, as float tensors (N, C, H, W)."""
+    say(f"loading dataset {config.dataset}", quiet)
+    dataset = load_dataset(
+        config.dataset,
+        config.data_dir,
+        num_classes=config.num_classes,
+        channels=config.image_channels,
+    )
+    ledger = PrivacyLedger()
+    train_y = torch.as_tensor(np.asarray(dataset.train_labels), dtype=torch.long)
+    test_y = torch.as_tensor(np.asarray(dataset.test_labels), dtype=torch.long)
+    spec = parse_feature_spec(config.features)
+    if config.features == "pixels":
+        if config.preprocessing.kind != "none":
+            raise DPVisionError(
+                "dp-sgd on pixels takes no feature preprocessing; set preprocessing.kind = "
+                "'none' (use learner.normalization for per-dataset pixel normalisation)"
+            )
+        # Converted a batch at a time: the images may be larger than memory (npy:DIR).
+        train_x = lazy_pixel_inputs(dataset.train_images, dataset.name, options.normalization)
+        test_x = lazy_pixel_inputs(dataset.test_images, dataset.name, options.normalization)
+        return TrainingData(
+            dataset.name, train_x, train_y, test_x, test_y, dataset.num_classes, ledger
+        )
+    if options.augmult:
+        raise DPVisionError(
+            "augmult needs pixel inputs: ScatterNet features are extracted once, so set "
+            "learner.augmult = 0 with features other than pixels"
+        )
+    if spec.projection_dim is not None or spec.pool != 1:
+        raise DPVisionError("dp-sgd takes unpooled, unprojected feature maps (e.g. scatternet)")
+    shape = feature_shape(
+        tuple(dataset.train_images.shape[1:]), dataclasses.replace(spec, flatten=False)
+    )
+    # Under torchrun rank 0 extracts and caches the features, then the others read them.
+    train, test = current().main_first(lambda: load_or_extract(dataset, spec, progress=not quiet))
+    train, test = preprocess(
+        config.preprocessing,
+        train,
+        test,
+        int(shape[0]),
+        ledger,
+        seed,
+        noise_off=config.noise_off,
+    )
+    train_x = torch.from_numpy(np.array(train, dtype=np.float32)).view(-1, *shape)
+    test_x = torch.from_numpy(np.array(test, dtype=np.float32)).view(-1, *shape)
+    return TrainingData(dataset.name, train_x, train_y, test_x, test_y, dataset.num_classes, ledger)
+
+
+# --- DP-RandP: Phases II and III --------------------------------------------------------
+
+
+# --- memory -------------------------------------------------------------------------------
+
+
+# --- checkpoints --------------------------------------------------------------------------

@@ -1,0 +1,163 @@
+"""``dpvision train`` with a feature learner: dataset → features → (private)
+preprocessing → DP-LS, DP-Newton, DP-FC or DP-SGD-linear → result (DESIGN.md)."""
+
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpvision.accounting import PrivacyLedger, default_accountant, zcdp_epsilon
+from dpvision.accounting.gaussian import is_unsampled_gaussian
+from dpvision.config import TrainConfig
+from dpvision.data import load_dataset
+from dpvision.distributed import current
+from dpvision.errors import DPVisionError
+from dpvision.features import feature_shape, load_or_extract, parse_feature_spec
+from dpvision.features.precomputed import load_feature_files
+from dpvision.features.preprocessing import preprocess
+from dpvision.learners import LEARNERS
+from dpvision.log import say
+
+
+def _seeds(seed: int) -> tuple[int, int]:
+    """Independent seeds for the preprocessing noise and the learner, derived from one seed."""
+    a, b = np.random.SeedSequence(seed).generate_state(2, dtype=np.uint64)
+    return int(a) % 2**63, int(b) % 2**63
+
+
+def _channels(config: TrainConfig, dataset: Any, spec: Any) -> int:
+    if config.preprocessing.channels is not None:
+        return config.preprocessing.channels
+    if spec.projection_dim is not None:
+        return 1  # a random projection has no channel structure
+    image_shape = tuple(dataset.train_images.shape[1:])
+    return int(feature_shape(image_shape, replace(spec, flatten=False))[0])
+
+
+def run_features(
+    config: TrainConfig, *, quiet: bool, checkpoint: str | Path | None
+) -> dict[str, Any]:
+    if checkpoint is not None:
+        raise DPVisionError(
+            f"--checkpoint is for --method dp-sgd and dp-randp, not {config.method}"
+        )
+    start = time.perf_counter()
+    workers = current()
+    quiet = quiet or not workers.is_main
+    significant = {k: v for k, v in config.to_dict().items() if k != "data_dir"}
+    workers.check_agree(significant, "the configuration")
+    spec = parse_feature_spec(config.features)
+    if spec.name == "precomputed":
+        assert spec.path is not None  # checked by FeatureSpec
+        say(f"reading precomputed features of {config.dataset} from {spec.path}", quiet)
+        dataset: Any = load_feature_files(spec.path, config.dataset, config.num_classes)
+        train, test = dataset.train, dataset.test
+        channels = config.preprocessing.channels or 1  # vectors: no channel structure
+    else:
+        say(f"loading dataset {config.dataset}", quiet)
+        dataset = load_dataset(
+            config.dataset,
+            config.data_dir,
+            num_classes=config.num_classes,
+            channels=config.image_channels,
+        )
+        say(
+            f"features {config.features} for {dataset.num_train} + {dataset.num_test} images",
+            quiet,
+        )
+        # Under torchrun rank 0 extracts and caches the features, then the others read them.
+        train, test = workers.main_first(lambda: load_or_extract(dataset, spec, progress=not quiet))
+        channels = _channels(config, dataset, spec)
+    say(
+        f"training {config.method} on {train.shape[1]} features "
+        f"(target ε = {config.epsilon if config.epsilon is not None else 'from σ'}, "
+        f"δ = {config.delta:g})",
+        quiet,
+    )
+    learner, train, test, prior = fit_learner(
+        config, train, dataset.train_labels, test, channels, dataset.num_classes
+    )
+    accuracy = float(learner.score(test, dataset.test_labels))
+    own = learner.privacy_ledger_.entries[len(prior.entries) :] or learner.privacy_ledger_.entries
+    return {
+        "dataset": dataset.name,
+        "method": config.method,
+        "features": config.features,
+        "test_accuracy": accuracy,
+        "epsilon": learner.epsilon_,
+        "delta": config.delta,
+        "accountant": config.accountant or _auto_accountant(learner.privacy_ledger_),
+        "noise_multiplier": learner.noise_multiplier_,
+        "steps": learner.privacy_ledger_.total_count - prior.total_count,
+        "sample_rate": own[-1].sample_rate,
+        "n_train": int(dataset.num_train),
+        "n_test": int(dataset.num_test),
+        "num_features": int(train.shape[1]),
+        "seed": config.seed,
+        "wall_seconds": time.perf_counter() - start,
+        "world_size": workers.world_size,
+        "epsilon_zcdp": _zcdp_figure(learner.privacy_ledger_, config.delta),
+        "privacy_ledger": learner.privacy_ledger_.to_dict()["entries"],
+        "config": config.to_dict(),
+    }
+
+
+def fit_learner(
+    config: TrainConfig,
+    train: np.ndarray,
+    train_labels: np.ndarray,
+    test: np.ndarray,
+    channels: int,
+    num_classes: int,
+) -> tuple[Any, np.ndarray, np.ndarray, PrivacyLedger]:
+    """Private preprocessing and the feature learner of ``config``, fitted on ``train``.
+
+    The one path from features to a fitted learner: ``dpvision train`` and ``dpvision
+    audit`` both call it. Returns (the fitted learner, the preprocessed train and test
+    features, the ledger of the preprocessing alone).
+
+    Privacy:
+      Releases the model and the preprocessing statistics (see :func:`preprocess`), all
+      recorded in ``learner.privacy_ledger_``; with a target ε the learner's σ is calibrated
+      so that everything together meets (ε, δ). ``test`` is only transformed.
+    """
+    preprocessing_seed, learner_seed = _seeds(config.seed)
+    ledger = PrivacyLedger()
+    train, test = preprocess(
+        config.preprocessing,
+        train,
+        test,
+        channels,
+        ledger,
+        preprocessing_seed,
+        noise_off=config.noise_off,
+    )
+    target = config.epsilon
+    learner = LEARNERS[config.method](
+        target_epsilon=target,
+        target_delta=config.delta,
+        noise_multiplier=None if target is not None else config.noise_multiplier,
+        accountant=config.accountant,
+        random_state=learner_seed,
+        num_classes=num_classes,
+        **config.learner,
+    )
+    try:
+        learner.fit(train, train_labels, prior_ledger=ledger)
+    except TypeError as error:  # a learner option of the wrong type
+        raise DPVisionError(f"learner options for {config.method}: {error}") from None
+    return learner, train, test, ledger
+
+
+def _zcdp_figure(ledger: PrivacyLedger, delta: float) -> float | None:
+    """The zCDP ε Mehta et al. report, for comparison; None for Poisson-sampled runs."""
+    event = ledger.dp_event()
+    if not ledger.is_private or not is_unsampled_gaussian(event):
+        return None
+    return zcdp_epsilon(event, delta=delta)
+
+
+def _auto_accountant(ledger: PrivacyLedger) -> str:
+    return default_accountant(ledger.dp_event()).value

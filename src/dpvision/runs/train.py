@@ -1,0 +1,91 @@
+"""``dpvision train``: one configuration, trained and evaluated, as the result of DESIGN.md.
+
+The whole path is one function, :func:`run_training`, so the command line, the benchmarks
+and the tests run exactly the same code: :func:`dpvision.runs.features.run_features` for
+the feature learners, :func:`dpvision.runs.dpsgd.run_dpsgd` for deep models.
+"""
+
+import math
+from pathlib import Path
+from typing import Any
+
+from dpvision.config import TrainConfig
+from dpvision.errors import DPVisionError
+from dpvision.runs.dpsgd import run_dpsgd
+from dpvision.runs.features import run_features
+
+
+def run_training(
+    config: TrainConfig, *, quiet: bool = False, checkpoint: str | Path | None = None
+) -> dict[str, Any]:
+    """Trains and evaluates one configuration; returns the result dict (DESIGN.md contract).
+
+    ``checkpoint`` (``dp-sgd``, ``dp-randp``): a file to resume from when it exists and to
+    write to.
+    """
+    if config.method in ("dp-sgd", "dp-randp"):
+        return _within_target(config, run_dpsgd(config, quiet=quiet, checkpoint=checkpoint))
+    return _within_target(config, run_features(config, quiet=quiet, checkpoint=checkpoint))
+
+
+def _within_target(config: TrainConfig, result: dict[str, Any]) -> dict[str, Any]:
+    """The result, after checking that its ledger's ε does not exceed the run's target.
+
+    Calibration guarantees this; the check makes sure no later change can report a run
+    as meeting a target it missed.
+    """
+    target = config.epsilon
+    if target is not None and math.isfinite(target) and not result["epsilon"] <= target:
+        raise DPVisionError(
+            f"the run spent ε = {result['epsilon']:.6g}, more than its target {target:g}: "
+            "this is a bug in dpvision, please report it; no result was written"
+        )
+    return result
+
+
+def _ema_note(result: dict[str, Any]) -> str:
+    if result.get("test_accuracy_ema") is None:
+        return ""
+    return (
+        f" (EMA of the parameters; the last parameters: {100 * result['test_accuracy_last']:.2f} %)"
+    )
+
+
+def _phases_note(result: dict[str, Any]) -> str:
+    if "phase2_steps" not in result:
+        return ""
+    share = result.get("phase2_epsilon_fraction")
+    budget = (
+        f" (ε₁ = {result['phase2_epsilon']:.4g}, ε₁/ε = {share:.3f})" if share is not None else ""
+    )
+    return (
+        f"phases: encoder {result['encoder']}; Phase II (head) {result['phase2_steps']} steps"
+        f"{budget}, Phase III (all) {result['phase3_steps']} steps\n"
+    )
+
+
+def summary(result: dict[str, Any]) -> str:
+    """A few readable lines about a result."""
+    sigma = result["noise_multiplier"]
+    model = f" ({result['model']})" if "model" in result else ""
+    privacy = (
+        "no noise (ε = ∞): non-private baseline"
+        if sigma is None
+        else f"ε = {result['epsilon']:.4f} at δ = {result['delta']:g} ({result['accountant']}), "
+        f"σ = {sigma:.4g}, {result['steps']} noisy releases at sample rate "
+        f"{result['sample_rate']:.4g}"
+        + (
+            f"; the zCDP bound of the papers gives ε = {result['epsilon_zcdp']:.4f}"
+            if result.get("epsilon_zcdp") is not None
+            else ""
+        )
+    )
+    return (
+        f"{result['method']}{model} on {result['dataset']} ({result['n_train']} train / "
+        f"{result['n_test']} test), features {result['features']} "
+        f"({result['num_features']} dims)\n"
+        f"test accuracy {100 * result['test_accuracy']:.2f} %{_ema_note(result)}\n"
+        f"privacy: {privacy}\n"
+        f"{_phases_note(result)}"
+        f"wall time {result['wall_seconds']:.1f} s"
+    )

@@ -1,0 +1,144 @@
+"""DP-SGD checkpoints: the whole training state, written atomically, resumed bit for bit.
+
+A checkpoint holds the model, the optimizer, the EMA, the sampler's RNG, the noise and
+augmentation generators, the evaluation history and the ledger. A run killed at any point
+and resumed from its checkpoint ends with the same parameters and the same ledger as an
+uninterrupted run. A checkpoint written by another configuration (another ``fingerprint``
+of the settings that change the run) is refused, naming the settings that differ.
+
+Privacy: a checkpoint holds parameters and optimizer moments, which are post-processing of
+the noisy releases recorded in its ledger, plus RNG states; no count or statistic of the
+private data.
+"""
+
+import dataclasses
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dpvision.accounting import PrivacyLedger
+from dpvision.distributed import Workers
+from dpvision.errors import DPVisionError
+from dpvision.fileio import atomic_open, load_torch
+from dpvision.mechanisms import PoissonSampler
+from dpvision.training.engine import ParameterEMA
+
+CHECKPOINT_FORMAT = "dpvision-dpsgd-checkpoint-v1"
+
+
+@dataclasses.dataclass
+class TrainingState:
+    """Everything a DP-SGD run needs to continue, and nothing else.
+
+    ``history`` holds the evaluations so far; ``ledger`` every release so far.
+    """
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    ema: ParameterEMA | None
+    sampler: PoissonSampler
+    noise: torch.Generator
+    augment: torch.Generator
+    ledger: PrivacyLedger
+    history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+
+def fingerprint(settings: dict[str, Any]) -> str:
+    """A short hash of the settings that change a run (sorted JSON)."""
+    text = json.dumps(settings, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def save_checkpoint(path: Path, state: TrainingState, settings: dict[str, Any]) -> None:
+    """Writes ``state`` and the run's ``settings`` to ``path`` atomically.
+
+    Privacy: see the module docstring; post-processing of the releases in ``state.ledger``.
+    """
+    payload = {
+        "format": CHECKPOINT_FORMAT,
+        "fingerprint": fingerprint(settings),
+        "config": settings,
+        "model": state.model.state_dict(),
+        "optimizer": state.optimizer.state_dict(),
+        "ema": None if state.ema is None else state.ema.state_dict(),
+        "sampler": state.sampler.state_dict(),
+        "noise": state.noise.get_state(),
+        "augment": state.augment.get_state(),
+        "history": list(state.history),
+        "ledger": state.ledger.to_json(),
+    }
+    with atomic_open(path, "wb") as out:
+        torch.save(payload, out)
+
+
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """The payload of a DP-SGD checkpoint (read without running code; one-line errors)."""
+    try:
+        payload = load_torch(path)
+    except Exception as error:
+        raise DPVisionError(
+            f"cannot read checkpoint {path} ({type(error).__name__}); it was left untouched: "
+            "move it away to start afresh"
+        ) from None
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        raise DPVisionError(f"{path} is not a dpvision DP-SGD checkpoint; it was left untouched")
+    return payload
+
+
+def resume(
+    path: Path,
+    state: TrainingState,
+    settings: dict[str, Any],
+    workers: Workers | None = None,
+    *,
+    enter_step: Callable[[int], torch.optim.Optimizer] | None = None,
+) -> None:
+    """Restores ``state`` from the checkpoint at ``path``; refuses one of other settings.
+
+    ``enter_step`` (DP-RandP) gives the optimizer of the phase the run stopped in, before
+    its state is loaded. Rank 0 reads the file and sends its contents to the other ranks,
+    so only rank 0 needs to see it.
+    """
+    payload = (workers or Workers()).from_main(lambda: read_checkpoint(path))
+    if payload["fingerprint"] != fingerprint(settings):
+        ours, theirs = _flatten(settings), _flatten(payload["config"])
+        differ = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
+        raise DPVisionError(
+            f"checkpoint {path} was written by a different configuration (differs in: "
+            f"{', '.join(differ) or 'unknown'}); resume with the same config, or give another "
+            "--checkpoint path (the existing file is left untouched)"
+        )
+    state.model.load_state_dict(payload["model"])
+    state.sampler.load_state_dict(payload["sampler"])
+    if enter_step is not None:
+        state.optimizer = enter_step(state.sampler.step)
+    state.optimizer.load_state_dict(payload["optimizer"])
+    if state.ema is not None:
+        state.ema.load_state_dict(payload["ema"])
+    state.noise.set_state(payload["noise"])
+    state.augment.set_state(payload["augment"])
+    state.history[:] = payload["history"]
+    state.ledger = PrivacyLedger.from_json(payload["ledger"])
+
+
+def state_digest(model: torch.nn.Module) -> str:
+    """SHA-256 of the parameters and buffers, to check that all ranks hold the same model."""
+    digest = hashlib.sha256()
+    for name, value in model.state_dict().items():
+        digest.update(name.encode())
+        digest.update(value.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out

@@ -1,0 +1,200 @@
+"""The package's dependencies point one way: no import cycle, no import from a lower layer to
+a higher one, and function-local imports only where they buy something.
+
+``LAYERS`` is the contract, lowest first (README "Layout"). A module may import the modules
+of its own package and of any *lower* layer, never a higher one nor another package of its
+own layer. Function-level imports count as much as module-level ones (only ``if
+TYPE_CHECKING:`` blocks are exempt): a cycle hidden in a function is still a cycle.
+"""
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SOURCE = Path(__file__).resolve().parents[1] / "src" / "dpvision"
+
+LAYERS: list[tuple[str, ...]] = [
+    ("errors", "version"),
+    ("fileio", "log", "distributed"),
+    ("accounting",),
+    ("mechanisms",),
+    ("models", "data"),
+    ("per_example",),
+    ("features", "learners"),
+    ("training",),
+    ("privacy_engine", "config"),
+    ("runs",),
+    ("audit", "report", "testing"),
+    ("cli",),
+    ("__main__",),
+]
+# The package face (``dpvision/__init__.py``) re-exports from above lazily; nothing imports it.
+FACADE = "dpvision"
+# A function-local import must say why it is not at the top of its module.
+LOCAL_IMPORT_REASONS = ("optional dependency", "start-up time")
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SOURCE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(path): path for path in sorted(SOURCE.rglob("*.py"))}
+
+
+def _imports(name: str, path: Path) -> Iterator[tuple[str, ast.stmt, bool]]:
+    """(imported dpvision name, the statement, whether it is inside a function)."""
+    tree = ast.parse(path.read_text())
+    skipped: set[int] = set()
+    local: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(inner) for inner in ast.walk(node))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            local.update(id(inner) for inner in ast.walk(node) if inner is not node)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node, id(node) in local
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            for alias in node.names:
+                yield f"{base}.{alias.name}", node, id(node) in local
+
+
+def _resolve(target: str, modules: dict[str, Path]) -> str | None:
+    while target and target not in modules:
+        target = target.rpartition(".")[0]
+    return target or None
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else FACADE
+
+
+def _layer(unit: str) -> int:
+    for index, units in enumerate(LAYERS):
+        if unit in units:
+            return index
+    raise AssertionError(f"package dpvision.{unit} is in no layer of LAYERS: add it")
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps = set()
+        for target, _, _ in _imports(name, path):
+            resolved = _resolve(target, modules) if target.startswith("dpvision") else None
+            # A module's own package face (its __init__) is part of it, not a dependency.
+            if resolved and resolved != name and not name.startswith(resolved + "."):
+                deps.add(resolved)
+        graph[name] = deps
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in sorted(graph[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                other = stack.pop()
+                on_stack.discard(other)
+                component.append(other)
+                if other == node:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Each import whose target is not in a strictly lower layer (nor the importer's package)."""
+    found = []
+    for name, deps in sorted(graph.items()):
+        unit = _unit(name)
+        for dep in sorted(deps):
+            other = _unit(dep)
+            if dep == FACADE:
+                found.append(f"{name} -> {dep} (import the defining module, not the package face)")
+            elif unit == FACADE or other == unit:
+                continue
+            elif _layer(other) >= _layer(unit):
+                found.append(f"{name} (layer {_layer(unit)}) -> {dep} (layer {_layer(other)})")
+    return found
+
+
+def test_no_import_cycles() -> None:
+    assert import_cycles(_graph()) == []
+
+
+def test_no_upward_imports() -> None:
+    assert upward_imports(_graph()) == []
+
+
+def test_every_package_has_a_layer() -> None:
+    for name in _modules():
+        _layer(_unit(name)) if _unit(name) != FACADE else None
+
+
+def test_local_imports_say_why() -> None:
+    """A function-local import carries ``# local import: <reason>`` (one of
+    LOCAL_IMPORT_REASONS) on its line or the line above."""
+    unexplained = []
+    for name, path in _modules().items():
+        lines = path.read_text().splitlines()
+        seen = set()
+        for _, node, local in _imports(name, path):
+            if not local or id(node) in seen:
+                continue
+            seen.add(id(node))
+            nearby = " ".join(lines[max(node.lineno - 2, 0) : node.end_lineno])
+            if not any(f"local import: {reason}" in nearby for reason in LOCAL_IMPORT_REASONS):
+                unexplained.append(f"{path.relative_to(SOURCE.parent)}:{node.lineno}")
+    assert unexplained == [], f"{len(unexplained)} function-local imports without a reason"
+
+
+def test_the_checks_catch_a_cycle_and_an_upward_import() -> None:
+    graph = {
+        "dpvision.accounting.a": {"dpvision.training.t"},
+        "dpvision.training.t": {"dpvision.accounting.a"},
+    }
+    assert import_cycles(graph) == [["dpvision.accounting.a", "dpvision.training.t"]]
+    assert upward_imports(graph) == [
+        "dpvision.accounting.a (layer 2) -> dpvision.training.t (layer 7)"
+    ]
+
+
+@pytest.mark.parametrize("unit", [unit for units in LAYERS for unit in units])
+def test_layers_name_real_packages(unit: str) -> None:
+    assert any(_unit(name) == unit for name in _modules()), f"dpvision.{unit} does not exist"

@@ -97,7 +97,8 @@ def _graph() -> dict[str, set[str]]:
         for target, _, _ in _imports(name, path):
             resolved = _resolve(target, modules) if target.startswith("dpvision") else None
             # A module's own package face (its __init__) is part of it, not a dependency.
-            if resolved and resolved != name and not name.startswith(resolved + "."):
+            own_face = resolved != FACADE and name.startswith(f"{resolved}.")
+            if resolved and resolved != name and not own_face:
                 deps.add(resolved)
         graph[name] = deps
     return graph

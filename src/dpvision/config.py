@@ -47,7 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from dpvision.accounting import parse_accountant
-from dpvision.data.datasets import PATH_PREFIXES, check_public_shape, dataset_info
+from dpvision.data.core import ImageDataset
+from dpvision.data.datasets import PATH_PREFIXES, check_public_shape, dataset_info, load_dataset
 from dpvision.errors import DPVisionError
 from dpvision.features.preprocessing import PREPROCESSING, PreprocessingConfig
 from dpvision.learners import LEARNERS
@@ -108,6 +109,16 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def load_dataset(self) -> ImageDataset:
+        """The dataset of this run, its classes and channels fixed by the config or the
+        registry (never read off the private labels)."""
+        return load_dataset(
+            self.dataset,
+            self.data_dir,
+            num_classes=self.num_classes,
+            channels=self.image_channels,
+        )
 
     @property
     def noise_off(self) -> bool:

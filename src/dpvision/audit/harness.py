@@ -31,7 +31,6 @@ from dpvision.audit.statistics import (
 )
 from dpvision.audit.targets import AuditTarget, make_target
 from dpvision.config import TrainConfig, load_toml, override, parse_override, resolve
-from dpvision.data import load_dataset
 from dpvision.errors import DPVisionError
 from dpvision.features import Progress
 
@@ -188,12 +187,7 @@ def run_audit(
         )
     delta = settings.delta if settings.delta is not None else 1 / settings.dataset_size
     config = dataclasses.replace(config, delta=delta)
-    dataset = load_dataset(
-        config.dataset,
-        config.data_dir,
-        num_classes=config.num_classes,
-        channels=config.image_channels,
-    )
+    dataset = config.load_dataset()
     candidates = settings.candidates()
 
     def target_for(canary: str, items: tuple[str, ...]) -> AuditTarget:

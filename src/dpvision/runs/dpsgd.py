@@ -29,7 +29,6 @@ import torch.nn.functional as F  # noqa: N812 (the usual PyTorch alias)
 
 from dpvision.accounting import PrivacyLedger, calibrate_noise_multiplier, default_accountant
 from dpvision.config import TrainConfig
-from dpvision.data import load_dataset
 from dpvision.data.inputs import TrainingData, lazy_pixel_inputs
 from dpvision.distributed import Workers, current
 from dpvision.errors import DPVisionError
@@ -327,12 +326,7 @@ def noise_multiplier_for(
 def load_inputs(config: TrainConfig, options: DPSGDOptions, seed: int, quiet: bool) -> TrainingData:
     """Images (normalised) or ScatterNet feature maps, as float tensors (N, C, H, W)."""
     say(f"loading dataset {config.dataset}", quiet)
-    dataset = load_dataset(
-        config.dataset,
-        config.data_dir,
-        num_classes=config.num_classes,
-        channels=config.image_channels,
-    )
+    dataset = config.load_dataset()
     ledger = PrivacyLedger()
     train_y = torch.as_tensor(np.asarray(dataset.train_labels), dtype=torch.long)
     test_y = torch.as_tensor(np.asarray(dataset.test_labels), dtype=torch.long)

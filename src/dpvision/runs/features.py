@@ -11,7 +11,6 @@ import numpy as np
 from dpvision.accounting import PrivacyLedger, default_accountant, zcdp_epsilon
 from dpvision.accounting.gaussian import is_unsampled_gaussian
 from dpvision.config import TrainConfig
-from dpvision.data import load_dataset
 from dpvision.distributed import current
 from dpvision.errors import DPVisionError
 from dpvision.features import feature_shape, load_or_extract, parse_feature_spec
@@ -57,12 +56,7 @@ def run_features(
         channels = config.preprocessing.channels or 1  # vectors: no channel structure
     else:
         say(f"loading dataset {config.dataset}", quiet)
-        dataset = load_dataset(
-            config.dataset,
-            config.data_dir,
-            num_classes=config.num_classes,
-            channels=config.image_channels,
-        )
+        dataset = config.load_dataset()
         say(
             f"features {config.features} for {dataset.num_train} + {dataset.num_test} images",
             quiet,

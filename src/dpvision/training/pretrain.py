@@ -108,7 +108,6 @@ class PretrainOptions:
         return cls(**values).validated()
 
     def validated(self) -> "PretrainOptions":
-
         parse_model(self.model)
         if self.synthetic not in SYNTHETIC_KINDS:
             raise DPVisionError(
@@ -183,7 +182,6 @@ class _Images:
     """The synthetic images of Phase I: a fixed set reshuffled per epoch, or a fresh stream."""
 
     def __init__(self, options: PretrainOptions, seed: int, order_seed: int, quiet: bool) -> None:
-
         self.options, self.seed = options, seed
         self.order = np.random.default_rng(order_seed)
         self.stored: np.ndarray | None = None
@@ -222,7 +220,6 @@ class _Images:
         return tuple(float(v) for v in values.mean(axis=0)), tuple(float(v) for v in std)
 
     def batch(self, step: int) -> np.ndarray:
-
         o = self.options
         if self.stored is None:
             return generate(

@@ -1,0 +1,73 @@
+"""The ``dpvision`` command line (also ``python -m dpvision``).
+
+Commands:
+  dpvision privacy epsilon  ε spent by T steps of the (Poisson-sampled) Gaussian mechanism
+  dpvision privacy noise    the noise multiplier σ that meets a target (ε, δ)
+  dpvision privacy steps    how many steps a noise multiplier allows within (ε, δ)
+  dpvision train            train a private classifier and write its result JSON
+  dpvision audit            an empirical ε lower bound by membership inference
+
+User errors (bad values, unreachable targets) print one line on stderr and exit with code 2.
+"""
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from dpvision.cli import audit, pretrain, privacy, report, train
+from dpvision.cli.arguments import EXIT_USAGE, Parser
+from dpvision.cli.pretrain import SYNTHETIC_KINDS
+from dpvision.errors import DPVisionError
+from dpvision.version import __version__
+
+__all__ = ["SYNTHETIC_KINDS", "build_parser", "main"]
+
+COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
+    "privacy": privacy.run,
+    "train": train.run,
+    "audit": audit.run,
+    "pretrain": pretrain.run_pretrain,
+    "synth": pretrain.run_synth,
+    "sweep": report.run_sweep,
+    "report": report.run_report,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every command."""
+    parser = Parser(
+        prog="dpvision",
+        description="Differentially private image classification.",
+    )
+    parser.add_argument("--version", action="version", version=f"dpvision {__version__}")
+    commands = parser.add_subparsers(
+        dest="command", required=True, parser_class=Parser, metavar="COMMAND"
+    )
+    privacy.add_parser(commands)
+    train.add_parser(commands)
+    audit.add_parser(commands)
+    pretrain.add_pretrain_parser(commands)
+    pretrain.add_synth_parser(commands)
+    report.add_parsers(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the command line; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command != "train" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise DPVisionError(
+                f"`dpvision {args.command}` runs in one process; only `dpvision train` "
+                "runs under torchrun"
+            )
+        COMMANDS[args.command](args)
+    except DPVisionError as error:
+        print(f"dpvision: error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("dpvision: interrupted", file=sys.stderr)
+        return 130
+    return 0

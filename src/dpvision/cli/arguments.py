@@ -1,0 +1,167 @@
+"""Argument types and the arguments several commands share."""
+
+import argparse
+import math
+from typing import Any, NoReturn
+
+EXIT_USAGE = 2
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (no usage dump) and exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def ceil_sig(value: float, digits: int = 6) -> str:
+    """Formats ``value`` with ``digits`` significant digits, rounded *up* (never understates)."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    exponent = math.floor(math.log10(abs(value))) - digits + 1
+    scale = 10.0**exponent
+    rounded = math.ceil(value / scale - 1e-9) * scale
+    return f"{rounded:.{digits}g}"
+
+
+def positive_float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+
+
+def whole_number(text: str) -> int:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not value.is_integer():
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
+    return int(value)
+
+
+def add_accountant_argument(parser: argparse.ArgumentParser) -> None:
+    # local import: start-up time
+    from dpvision.accounting import Accountant
+
+    parser.add_argument(
+        "--accountant",
+        choices=[a.value for a in Accountant],
+        default=None,
+        help="privacy accountant (default: all side by side in the table; in --json the "
+        "tightest valid one: gaussian for full batch, else pld)",
+    )
+
+
+def add_common_arguments(
+    parser: argparse.ArgumentParser, *, sigma: bool, epsilon: bool, steps: bool
+) -> None:
+    if sigma:
+        parser.add_argument(
+            "--noise-multiplier",
+            type=positive_float,
+            required=True,
+            metavar="S",
+            help="σ: noise std divided by the clipping norm",
+        )
+    if epsilon:
+        parser.add_argument(
+            "--epsilon", type=positive_float, required=True, metavar="E", help="target ε"
+        )
+    parser.add_argument(
+        "--delta",
+        type=positive_float,
+        required=True,
+        metavar="D",
+        help="δ, in (0, 1); commonly below 1/N for N training examples",
+    )
+    parser.add_argument(
+        "--sample-rate",
+        type=positive_float,
+        required=True,
+        metavar="Q",
+        help="Poisson sampling rate q = batch size / N; 1 means full batch",
+    )
+    if steps:
+        parser.add_argument(
+            "--steps", type=whole_number, required=True, metavar="T", help="number of noisy steps"
+        )
+    add_accountant_argument(parser)
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments that describe a training run (shared by ``train`` and ``audit``)."""
+    parser.add_argument("--config", metavar="FILE.toml", help="a TOML run configuration")
+    parser.add_argument(
+        "--dataset",
+        help="digits, mnist, fashion-mnist, cifar10, cifar100, "
+        "dermamnist, npz:PATH, npy:DIR or imagefolder:PATH",
+    )
+    parser.add_argument("--data-dir", metavar="DIR", help="folder with the dataset's files")
+    parser.add_argument(
+        "--method",
+        help="dp-ls, dp-newton, dp-fc, dp-sgd-linear (features), dp-sgd (deep models) or "
+        "dp-randp (Phases II and III from a synthetic-data encoder)",
+    )
+    parser.add_argument(
+        "--features",
+        help="pixels, scatternet, encoder:path=FILE or precomputed:path=DIR (vectors in "
+        "x_train.npy, y_train.npy, x_test.npy, y_test.npy) (e.g. scatternet:pool=2)",
+    )
+    parser.add_argument(
+        "--epsilon",
+        type=positive_float,
+        metavar="E",
+        help="target ε of the whole run (inf: no noise)",
+    )
+    parser.add_argument("--delta", type=positive_float, metavar="D", help="target δ")
+    parser.add_argument(
+        "--noise-multiplier",
+        type=positive_float,
+        metavar="S",
+        help="a fixed σ instead of a target ε (0: no noise)",
+    )
+    add_accountant_argument(parser)
+    parser.add_argument("--seed", type=whole_number, metavar="N", help="random seed")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override any config field, e.g. --set learner.epochs=20",
+    )
+
+
+def run_flags(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "dataset": args.dataset,
+        "data_dir": args.data_dir,
+        "method": args.method,
+        "features": args.features,
+        "epsilon": args.epsilon,
+        "delta": args.delta,
+        "noise_multiplier": args.noise_multiplier,
+        "accountant": args.accountant,
+        "seed": args.seed,
+    }
+
+
+def number_list(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}"
+        ) from None
+    if not values:
+        raise argparse.ArgumentTypeError("expected at least one number")
+    return values
+
+
+def whole_list(text: str) -> list[int]:
+    values = number_list(text)
+    if not all(v.is_integer() for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, got {text!r}")
+    return [int(v) for v in values]

@@ -1,0 +1,92 @@
+"""``dpvision train``."""
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from dpvision.cli.arguments import (
+    add_run_arguments,
+    run_flags,
+)
+from dpvision.errors import DPVisionError
+
+
+def run(args: argparse.Namespace) -> None:
+    # local import: start-up time
+    from dpvision.config import resolve
+
+    # local import: start-up time
+    from dpvision.fileio import write_json_atomic
+
+    # local import: start-up time
+    from dpvision.runs.train import run_training, summary
+
+    flags = run_flags(args)
+    sets = list(args.set)
+    if args.phase2_fraction is not None:
+        sets.append(f"learner.phase2_fraction={args.phase2_fraction!r}")
+    config = resolve(args.config, flags, sets)
+    if args.json:  # fail on an unwritable path before training, not after
+        folder = Path(args.json).parent
+        if str(folder) and not folder.is_dir():
+            raise DPVisionError(f"cannot write {args.json}: folder {folder} does not exist")
+    workers = _join_torchrun()
+    try:
+        result = run_training(config, quiet=args.quiet, checkpoint=args.checkpoint)
+    except DPVisionError as error:
+        needs = config.reference.get("needs")
+        if needs and args.config:
+            raise DPVisionError(
+                f"{error} — this config needs {needs}; where it is, run: dpvision train "
+                f"--config {args.config}"
+            ) from None
+        raise
+    finally:
+        if workers is not None:
+            # local import: start-up time
+            from dpvision.distributed import shutdown
+
+            shutdown()
+    if workers is not None and not workers.is_main:
+        return  # rank 0 reports; every rank holds the same result
+    if args.json:
+        write_json_atomic(args.json, result)
+    print(summary(result))
+    if args.json:
+        print(f"result written to {args.json}")
+
+
+def _join_torchrun() -> Any:
+    """Joins the process group when launched by torchrun with several processes."""
+    # local import: start-up time
+    from dpvision.distributed import init_from_env, launched_by_torchrun
+
+    return init_from_env() if launched_by_torchrun() else None
+
+
+def add_parser(commands: Any) -> None:
+    """``dpvision train``."""
+    train = commands.add_parser(
+        "train",
+        help="train a private classifier and evaluate it (no arguments: a small default run)",
+        description="Train on a dataset's features, evaluate on its test split, print a "
+        "summary and (with --json) write the result JSON. With no arguments it trains DP-LS "
+        "on scikit-learn's digits at ε = 3, which needs no download.",
+    )
+    add_run_arguments(train)
+    train.add_argument("--json", metavar="FILE", help="write the result JSON here")
+    train.add_argument(
+        "--checkpoint",
+        metavar="FILE",
+        help="dp-sgd, dp-randp: resume from FILE if it exists; write it every "
+        "learner.checkpoint_every "
+        "steps and at the end",
+    )
+    train.add_argument(
+        "--phase2-fraction",
+        type=float,
+        metavar="F",
+        help="dp-randp: the share ε₁/ε of the budget for Phase II (the head); N₁ is the most "
+        "steps within it (same as --set learner.phase2_fraction=F; default: N₁ = 96 steps)",
+    )
+    train.add_argument("--quiet", action="store_true", help="no progress messages")

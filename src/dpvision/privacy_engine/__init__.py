@@ -1,0 +1,54 @@
+"""An Opacus-style API for your own model and training loop: ``PrivacyEngine.make_private``.
+
+>>> import torch
+>>> from torch import nn
+>>> from torch.utils.data import DataLoader, TensorDataset
+>>> from dpvision import PrivacyEngine
+>>> data = TensorDataset(torch.randn(100, 4), torch.randint(0, 3, (100,)))
+>>> engine = PrivacyEngine(accountant="pld")
+>>> model = nn.Linear(4, 3)
+>>> model, optimizer, loader = engine.make_private(
+...     module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+...     data_loader=DataLoader(data, batch_size=10), noise_multiplier=1.1, max_grad_norm=1.0,
+...     seed=0)
+>>> for x, y in loader:
+...     optimizer.zero_grad()
+...     nn.functional.cross_entropy(model(x), y).backward()
+...     optimizer.step()
+>>> engine.ledger.total_count  # one Poisson-sampled Gaussian step per logical batch
+10
+>>> round(engine.get_epsilon(delta=1e-5), 2)
+2.35
+
+What happens, in Opacus' terms:
+
+* the **module** is wrapped (:class:`PrivateModule`); forward hooks on its layers record
+  the activations and, during ``loss.backward()``, the gradients of the layer outputs (the
+  book-keeping of :mod:`dpvision.per_example.bookkeeping`, shared with the DP-SGD engine);
+* the **data loader** (:class:`DPDataLoader`) draws Poisson batches of the dataset at rate
+  q = batch_size/N, ⌈1/q⌉ of them per epoch, *empty batches included* (as zero-length
+  tensors); it can split each batch into physical chunks and make K augmented views of
+  each example;
+* the **optimizer** (:class:`DPOptimizer`) turns the recorded quantities into per-example
+  gradient norms, clips each example's gradient (the mean of its K view-gradients) to C,
+  sums, and at the end of each logical batch adds N(0, (σC)²) **once**, divides by the
+  public qN, steps the wrapped optimizer, records the step in the engine's
+  :class:`~dpvision.accounting.PrivacyLedger` and updates the parameter EMA.
+
+Unlike Opacus, only Poisson sampling is offered (the accountant assumes it), and only
+layers that book-keeping supports (``nn.Linear``, ``nn.Conv2d``, ``WSConv2d``, affine
+``nn.GroupNorm``) may have trainable parameters. What cannot be clipped per example is
+refused with a one-line :class:`~dpvision.errors.DPVisionError`, never clipped per row: a
+layer whose rows are not the examples (folded positions, a sequence-first input, examples
+mixed before it), two forward passes before one step (unless inside
+:meth:`PrivateModule.same_examples`), or a parameter used outside its layer's ``forward``.
+A loop that leaves a logical batch after a non-final chunk has that chunk's clipped sum
+discarded, never released with the next batch.
+"""
+
+from dpvision.privacy_engine.data_loader import DPDataLoader
+from dpvision.privacy_engine.engine import PrivacyEngine
+from dpvision.privacy_engine.module import PrivateModule
+from dpvision.privacy_engine.optimizer import DPOptimizer
+
+__all__ = ["DPDataLoader", "DPOptimizer", "PrivacyEngine", "PrivateModule"]

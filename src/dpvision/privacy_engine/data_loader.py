@@ -1,0 +1,160 @@
+"""Poisson batches of the user's dataset, cut into physical chunks and augmented."""
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from dpvision.data.augment import augment_views
+from dpvision.errors import DPVisionError
+from dpvision.mechanisms import PoissonSampler
+from dpvision.privacy_engine.optimizer import DPOptimizer
+
+
+class PoissonBatches:
+    """A batch sampler: ⌈1/q⌉ Poisson batches of indices per epoch (possibly empty)."""
+
+    def __init__(self, sampler: PoissonSampler, steps_per_epoch: int) -> None:
+        self.sampler, self.steps_per_epoch = sampler, steps_per_epoch
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for _ in range(self.steps_per_epoch):
+            yield self.sampler.sample().tolist()
+
+
+def _empty_like(batch: Any) -> Any:
+    """The collated structure of one example, with every tensor cut to zero rows."""
+    if isinstance(batch, torch.Tensor):
+        return batch[:0]
+    if isinstance(batch, dict):
+        return {k: _empty_like(v) for k, v in batch.items()}
+    if isinstance(batch, tuple | list):
+        return type(batch)(_empty_like(v) for v in batch)
+    return batch
+
+
+class EmptySafeCollate:
+    """Collates like the user's loader, and an empty index list into zero-row tensors."""
+
+    def __init__(self, collate: Any, dataset: Dataset[Any]) -> None:
+        self.collate, self.dataset = collate, dataset
+
+    def __call__(self, items: list[Any]) -> Any:
+        if items:
+            return self.collate(items)
+        return _empty_like(self.collate([self.dataset[0]]))  # shapes only
+
+
+class DPDataLoader:
+    """Poisson batches of a dataset, optionally split into physical chunks and augmented.
+
+    ``len()`` is the number of logical batches per epoch, ⌈1/q⌉; iterating yields one or more
+    physical chunks per logical batch (one zero-length chunk for an empty batch) and tells
+    the optimizer which chunk ends its logical batch.
+
+    Args:
+      loader: a ``DataLoader`` whose batch sampler draws the Poisson batches.
+      optimizer: the :class:`DPOptimizer` to signal.
+      sample_rate: q.
+      views: K ≥ 1 rows per example.
+      max_physical_batch_size: at most this many examples per chunk (None: no split).
+      augment: whether to make K augmented views of each example (random crop after 4-pixel
+        reflect padding, horizontal flip); needs (images, labels, ...) batches of float
+        (B, C, H, W) images.
+      generator: randomness of the augmentation.
+
+    Privacy:
+      The batches are Poisson samples at rate q, as the accountant assumes; chunking and
+      augmentation act on one example at a time and change neither the sampling nor the
+      sensitivity.
+    """
+
+    def __init__(
+        self,
+        loader: DataLoader[Any],
+        optimizer: DPOptimizer,
+        *,
+        sample_rate: float,
+        views: int = 1,
+        max_physical_batch_size: int | None = None,
+        augment: bool = False,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        self.loader, self.optimizer, self.sample_rate = loader, optimizer, sample_rate
+        self.views, self.max_physical_batch_size = views, max_physical_batch_size
+        self.augment = augment
+        self.generator = generator if generator is not None else torch.Generator()
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self) -> Iterator[Any]:
+        optimizer = self.optimizer
+        for batch in self.loader:
+            chunks = self._chunks(batch)
+            logical = optimizer.new_logical_batch()
+            try:
+                for index, chunk in enumerate(chunks):
+                    optimizer.announce_chunk(logical, index == len(chunks) - 1)
+                    yield self._views(chunk)
+            finally:  # a loop that leaves mid-batch must not leak its chunks into the next
+                optimizer.discard_pending(logical)
+
+    def _chunks(self, batch: Any) -> list[Any]:
+        limit = self.max_physical_batch_size
+        if limit is None:
+            return [batch]
+        tensors = _fields(batch)
+        size = tensors[0].shape[0]
+        if size <= limit:
+            return [batch]
+        return [
+            type(batch)(t[start : start + limit] for t in tensors)
+            for start in range(0, size, limit)
+        ]
+
+    def _views(self, batch: Any) -> Any:
+        if not self.augment:
+            return batch
+
+        images, *rest = _fields(batch)
+        if images.dim() != 4 or not images.is_floating_point():
+            raise DPVisionError(
+                "augmult needs batches of float images (B, C, H, W), got "
+                f"{images.dtype} {tuple(images.shape)}"
+            )
+        if images.shape[0] == 0:
+            views = images
+        else:
+            views = augment_views(images, self.views, self.generator, padding=4, flip=True)
+            views = views.flatten(0, 1)
+        return type(batch)([views, *(t.repeat_interleave(self.views, 0) for t in rest)])
+
+
+def _fields(batch: Any) -> list[torch.Tensor]:
+    if not (isinstance(batch, tuple | list) and all(isinstance(t, torch.Tensor) for t in batch)):
+        raise DPVisionError(
+            "max_physical_batch_size and augmult need batches that are tuples of tensors "
+            "(inputs, targets, ...)"
+        )
+    return list(batch)
+
+
+def loader_sample_rate(data_loader: DataLoader[Any]) -> tuple[float, int]:
+    """q = batch_size/N and N, from the user's loader."""
+    batch_size = data_loader.batch_size
+    try:
+        num_examples = len(data_loader.dataset)  # type: ignore[arg-type]
+    except TypeError:
+        raise DPVisionError("the data loader's dataset must have a length") from None
+    if batch_size is None or num_examples < 1:
+        raise DPVisionError(
+            "the data loader needs a batch_size (not a batch_sampler) and a non-empty dataset"
+        )
+    if batch_size > num_examples:
+        raise DPVisionError(f"batch_size {batch_size} exceeds the {num_examples} examples")
+    return batch_size / num_examples, num_examples

@@ -1,0 +1,219 @@
+"""``PrivacyEngine.make_private``: the module, optimizer and data loader made private together."""
+
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, default_collate
+
+from dpvision.accounting import PrivacyLedger, calibrate_noise_multiplier, parse_accountant
+from dpvision.accounting.accountants import Accountant
+from dpvision.errors import DPVisionError
+from dpvision.mechanisms import PoissonSampler
+from dpvision.models import validate_model
+from dpvision.per_example.bookkeeping import (
+    ActivationTape,
+    unsupported_layers,
+)
+from dpvision.privacy_engine.data_loader import (
+    DPDataLoader,
+    EmptySafeCollate,
+    PoissonBatches,
+    loader_sample_rate,
+)
+from dpvision.privacy_engine.module import PrivateModule
+from dpvision.privacy_engine.optimizer import DPOptimizer
+
+LOSS_REDUCTIONS = ("mean", "sum")
+
+
+class PrivacyEngine:
+    """Makes a model, its optimizer and its data loader differentially private (DP-SGD).
+
+    Args:
+      accountant: the accountant that calibrates σ and reports ε: ``pld`` (default),
+        ``rdp`` or ``classic-rdp``.
+
+    Attributes:
+      ledger: every noisy release made through this engine, the only input to ε.
+    """
+
+    def __init__(self, accountant: str = "pld") -> None:
+        self.accountant = parse_accountant(accountant)
+        if self.accountant is Accountant.GAUSSIAN:
+            raise DPVisionError("the gaussian accountant cannot account for Poisson sampling")
+        self.ledger = PrivacyLedger()
+        self.optimizer: DPOptimizer | None = None
+
+    def make_private(
+        self,
+        *,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        data_loader: DataLoader[Any],
+        noise_multiplier: float,
+        max_grad_norm: float,
+        poisson_sampling: bool = True,
+        augmult: int = 0,
+        ema_decay: float | None = None,
+        normalize_update: bool = False,
+        loss_reduction: str = "mean",
+        max_physical_batch_size: int | None = None,
+        noise_generator: torch.Generator | None = None,
+        seed: int | None = None,
+    ) -> tuple[PrivateModule, DPOptimizer, DPDataLoader]:
+        """Returns the private (module, optimizer, data loader) triple.
+
+        Args:
+          module: the model; no BatchNorm, and trainable parameters only in layers
+            book-keeping supports.
+          optimizer: any torch optimizer over (some of) ``module``'s parameters.
+          data_loader: a ``DataLoader`` with a ``batch_size``; q = batch_size/len(dataset).
+          noise_multiplier: σ ≥ 0.
+          max_grad_norm: C > 0.
+          poisson_sampling: must be True (fixed-size shuffled batches are not offered: the
+            accountant assumes Poisson sampling).
+          augmult: K augmented views (random crop after 4-pixel reflect padding, horizontal
+            flip) per example; 0 for none.
+          ema_decay: decay of a parameter EMA (``optimizer.ema``), or None.
+          normalize_update: divide the noisy sum by C as well.
+          loss_reduction: how the loss reduces over a batch's rows: ``mean`` or ``sum``.
+          max_physical_batch_size: split each logical batch into chunks of at most this many
+            examples (memory only: noise is still added once per logical batch).
+          noise_generator: source of the noise (None: a generator seeded from ``seed``).
+          seed: seeds the sampling, the augmentation and the noise (None: fresh entropy).
+
+        Raises:
+          DPVisionError: a BatchNorm or unsupported layer, a bad argument, or an optimizer
+            with parameters that are not ``module``'s.
+
+        Privacy:
+          Each logical step releases the noisy clipped sum of one Poisson batch (see
+          :class:`DPOptimizer`) and records it in :attr:`ledger`.
+        """
+        validate_model(module)
+        problems = unsupported_layers(module)
+        if problems:
+            raise DPVisionError(f"make_private does not support {problems[0]}")
+        if not poisson_sampling:
+            raise DPVisionError(
+                "poisson_sampling=False is not offered: the privacy accounting assumes Poisson "
+                "sampling, which the private data loader provides"
+            )
+        if not (math.isfinite(noise_multiplier) and noise_multiplier >= 0):
+            raise DPVisionError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
+        if not (math.isfinite(max_grad_norm) and max_grad_norm > 0):
+            raise DPVisionError(f"max_grad_norm must be > 0, got {max_grad_norm}")
+        if loss_reduction not in LOSS_REDUCTIONS:
+            raise DPVisionError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
+        if isinstance(augmult, bool) or not isinstance(augmult, int) or augmult < 0:
+            raise DPVisionError(f"augmult must be an integer >= 0, got {augmult!r}")
+        if ema_decay is not None and not 0 <= ema_decay < 1:
+            raise DPVisionError(f"ema_decay must be in [0, 1) or None, got {ema_decay}")
+        if max_physical_batch_size is not None and max_physical_batch_size < 1:
+            raise DPVisionError(
+                f"max_physical_batch_size must be >= 1, got {max_physical_batch_size}"
+            )
+        trainable = {id(p) for p in module.parameters() if p.requires_grad}
+        if any(id(p) not in trainable for g in optimizer.param_groups for p in g["params"]):
+            raise DPVisionError(
+                "the optimizer holds parameters that are not trainable parameters of the module; "
+                "they would be updated without privacy"
+            )
+        sample_rate, num_examples = loader_sample_rate(data_loader)
+        sampling_seed, augment_seed, noise_seed = (
+            int(s.generate_state(1, np.uint64)[0] >> np.uint64(1))
+            for s in np.random.SeedSequence(seed).spawn(3)
+        )
+        if noise_generator is None:
+            device = next(p.device for p in module.parameters() if p.requires_grad)
+            noise_generator = torch.Generator(device=device).manual_seed(noise_seed)
+        views = max(augmult, 1)
+        tape = ActivationTape(module, mode="hooks")
+        tape.attach()
+        dp_optimizer = DPOptimizer(
+            optimizer,
+            module=module,
+            tape=tape,
+            noise_multiplier=noise_multiplier,
+            max_grad_norm=max_grad_norm,
+            sample_rate=sample_rate,
+            num_examples=num_examples,
+            ledger=self.ledger,
+            generator=noise_generator,
+            views=views,
+            loss_reduction=loss_reduction,
+            normalize_update=normalize_update,
+            ema_decay=ema_decay,
+        )
+        sampler = PoissonSampler(
+            num_examples=num_examples, sample_rate=sample_rate, steps=1, seed=sampling_seed
+        )
+        poisson_loader = DataLoader(
+            data_loader.dataset,
+            batch_sampler=PoissonBatches(sampler, math.ceil(1 / sample_rate)),
+            collate_fn=EmptySafeCollate(
+                data_loader.collate_fn or default_collate, data_loader.dataset
+            ),
+            num_workers=data_loader.num_workers,
+            pin_memory=data_loader.pin_memory,
+        )
+        private_loader = DPDataLoader(
+            poisson_loader,
+            dp_optimizer,
+            sample_rate=sample_rate,
+            views=views,
+            max_physical_batch_size=max_physical_batch_size,
+            augment=augmult > 0,
+            generator=torch.Generator().manual_seed(augment_seed),
+        )
+        self.optimizer = dp_optimizer
+        return PrivateModule(module, tape, views), dp_optimizer, private_loader
+
+    def make_private_with_epsilon(
+        self,
+        *,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        data_loader: DataLoader[Any],
+        target_epsilon: float,
+        target_delta: float,
+        epochs: int,
+        max_grad_norm: float,
+        **options: Any,
+    ) -> tuple[PrivateModule, DPOptimizer, DPDataLoader]:
+        """Like :meth:`make_private`, with σ calibrated to (target_epsilon, target_delta).
+
+        σ is the smallest noise (within 0.1 %) for which ``epochs`` · ⌈1/q⌉ Poisson steps at
+        rate q = batch_size/N, composed after whatever this engine's ledger already holds,
+        are (ε, δ)-DP by the engine's accountant. Train exactly ``epochs`` epochs of the
+        returned loader to stay within the target.
+
+        Privacy:
+          As :meth:`make_private`; the calibration itself uses only public quantities.
+        """
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+            raise DPVisionError(f"epochs must be a positive integer, got {epochs!r}")
+        sample_rate, _ = loader_sample_rate(data_loader)
+        sigma = calibrate_noise_multiplier(
+            target_epsilon=target_epsilon,
+            target_delta=target_delta,
+            sample_rate=sample_rate,
+            steps=epochs * math.ceil(1 / sample_rate),
+            accountant=self.accountant,
+            preceding_event=self.ledger.dp_event() if len(self.ledger) else None,
+        )
+        return self.make_private(
+            module=module,
+            optimizer=optimizer,
+            data_loader=data_loader,
+            noise_multiplier=sigma,
+            max_grad_norm=max_grad_norm,
+            **options,
+        )
+
+    def get_epsilon(self, delta: float) -> float:
+        """ε at ``delta`` of everything this engine released, by its accountant."""
+        return self.ledger.epsilon(delta, accountant=self.accountant)

@@ -13,10 +13,8 @@ from dpvision.accounting.accountants import Accountant
 from dpvision.errors import DPVisionError
 from dpvision.mechanisms import PoissonSampler
 from dpvision.models import validate_model
-from dpvision.per_example.bookkeeping import (
-    ActivationTape,
-    unsupported_layers,
-)
+from dpvision.per_example.bookkeeping import unsupported_layers
+from dpvision.per_example.tape import ActivationTape
 from dpvision.privacy_engine.data_loader import (
     DPDataLoader,
     EmptySafeCollate,

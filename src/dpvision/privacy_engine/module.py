@@ -10,10 +10,8 @@ from torch import nn
 
 from dpvision.errors import DPVisionError
 from dpvision.per_example.batch_layout import batch_tensor, check_batch_layout, signature
-from dpvision.per_example.bookkeeping import (
-    ActivationTape,
-    trainable_params,
-)
+from dpvision.per_example.bookkeeping import trainable_params
+from dpvision.per_example.tape import ActivationTape
 
 
 class PrivateModule(nn.Module):

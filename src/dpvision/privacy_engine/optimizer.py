@@ -9,14 +9,10 @@ from torch import nn
 
 from dpvision.accounting import PrivacyLedger
 from dpvision.errors import DPVisionError
-from dpvision.per_example.bookkeeping import (
-    ActivationTape,
-    clip_terms,
-    trainable_params,
-    unclipped_mismatch,
-)
+from dpvision.per_example.bookkeeping import clip_terms, trainable_params, unclipped_mismatch
 from dpvision.per_example.layers import layer_terms
 from dpvision.per_example.reference import ClippedGradientSum
+from dpvision.per_example.tape import ActivationTape
 from dpvision.training.engine import GradientRelease, ParameterEMA, noisy_step
 
 

@@ -1,28 +1,10 @@
-"""Per-example gradient norms and clipped sums of single layers, without per-example backprop.
+"""The rule of layers whose output is ``a @ Wᵀ`` over positions: ``nn.Linear`` (any leading
+dimensions), ``nn.Conv2d`` (zeros padding, ``groups=1``, via im2col) and ``WSConv2d``
+(gradients mapped through the weight standardisation to the raw weight and the gain).
 
-For a layer whose output is ``a @ Wᵀ`` over positions t (a Linear on any leading dims, or a
-convolution after im2col), example i's weight gradient is Gᵢ = Σₜ gᵢₜ aᵢₜᵀ, where aᵢₜ is the
-layer input and gᵢₜ the gradient of the loss with respect to the layer output. Its squared
-norm is found either
-
-* by the *ghost* trick (Li et al., 2022, "Large Language Models Can Be Strong
-  Differentially Private Learners"): ‖Gᵢ‖² = Σₜₜ′ (aᵢₜ·aᵢₜ′)(gᵢₜ·gᵢₜ′), memory B·T², or
-* by *materialising* Gᵢ, memory B·p·d,
-
-whichever is cheaper for the layer (mixed ghost clipping, Bu et al., 2023, "Differentially
-Private Optimization on Large Model at Small Cost"). Once the clipping factors cᵢ are known,
-the clipped sum Σᵢ cᵢGᵢ is one weighted weight-gradient product (book-keeping: no second
-backward pass).
-
-Supported: ``nn.Linear``, ``nn.Conv2d`` (zeros padding, ``groups=1``), ``WSConv2d``
-(gradients mapped through the weight standardisation to the raw weight and the gain) and
-affine ``nn.GroupNorm``. An example's K augmented views are grouped as one example: its
-activations have K·T positions.
+Example i's weight gradient is Gᵢ = Σₜ gᵢₜ aᵢₜᵀ; its squared norm comes from the ghost trick
+(memory B·T²) or from materialising Gᵢ (memory B·p·d), whichever is cheaper.
 """
-
-from abc import ABC, abstractmethod
-from collections.abc import Iterable
-from typing import Literal
 
 import torch
 import torch.nn.functional as F  # noqa: N812 (the usual PyTorch alias)
@@ -30,107 +12,26 @@ from torch import nn
 from torch.nn.grad import conv2d_weight
 
 from dpvision.models.layers import WSConv2d, same_padding
+from dpvision.per_example.layers.base import (
+    MATERIALISE_BYTES,
+    Call,
+    LayerTerms,
+    Strategy,
+    grouped,
+    register_rule,
+    row_mask,
+    sq_rows,
+    sum_calls,
+    trainable,
+)
 
-Strategy = Literal["auto", "ghost", "materialise"]
-
-# A layer's per-example gradients are materialised only while they fit in this many bytes.
-MATERIALISE_BYTES = 1 << 30
 # Convolutions with at least this many output positions get per-example gradients by a grouped
 # convolution rather than im2col (measured faster on CPU from about 100 positions on).
 _GROUPED_MIN_POSITIONS = 128
+
+
 # Ghost norms are computed on chunks of examples whose T×T Gram matrices fit in this many bytes.
 _GHOST_CHUNK_BYTES = 1 << 27
-
-Call = tuple[torch.Tensor, torch.Tensor]  # (layer input, gradient w.r.t. layer output)
-
-
-def unsupported_reason(module: nn.Module) -> str | None:
-    """Why book-keeping cannot handle ``module``'s own trainable parameters, or None.
-
-    Only parameters held directly by ``module`` count (children are checked on their own).
-    """
-    own = [name for name, p in module.named_parameters(recurse=False) if p.requires_grad]
-    if not own:
-        return None
-    kind = type(module).__name__
-    if type(module) in (nn.Linear, WSConv2d, nn.GroupNorm):
-        return None
-    if type(module) is nn.Conv2d:
-        if module.padding_mode != "zeros":
-            return f"{kind} with padding_mode={module.padding_mode!r} (only 'zeros')"
-        if module.groups != 1:
-            return f"{kind} with groups={module.groups} (only groups=1)"
-        return None
-    return f"{kind} with trainable parameters {', '.join(own)}"
-
-
-class LayerTerms(ABC):
-    """One layer's per-example squared gradient norms, and the clipped sum they lead to.
-
-    Attributes:
-      sq_norms: (B,) squared L2 norms of the per-example gradients of all the layer's
-        trainable parameters together.
-    """
-
-    sq_norms: torch.Tensor
-
-    @abstractmethod
-    def clipped_sum(
-        self, scale: torch.Tensor, drop: torch.Tensor | None
-    ) -> dict[str, torch.Tensor]:
-        """Σᵢ scaleᵢ·gradᵢ per parameter (local names such as ``weight``).
-
-        Args:
-          scale: (B,) per-example factors cᵢ (zero for examples that must not count).
-          drop: (B,) booleans of examples whose activations or gradients must be zeroed
-            before the sum (so that NaN or inf cannot leak through 0·NaN), or None.
-        """
-
-
-def layer_terms(
-    module: nn.Module, calls: list[Call], views: int, strategy: Strategy = "auto"
-) -> LayerTerms:
-    """Per-example terms of ``module`` from the inputs and output gradients of its calls.
-
-    Args:
-      module: a layer that :func:`unsupported_reason` accepts.
-      calls: (input, output gradient) of every call of ``module`` in the forward pass (more
-        than one when the layer is shared); leading dimension B·K.
-      views: K, the number of consecutive rows that belong to one example.
-      strategy: ``ghost`` or ``materialise`` to force the norm computation (tests).
-    """
-    if isinstance(module, nn.GroupNorm):
-        return _GroupNormTerms(module, calls, views)
-    return _DenseTerms(module, calls, views, strategy)
-
-
-def sum_calls(parts: Iterable[torch.Tensor]) -> torch.Tensor:
-    """The sum of per-call contributions (a layer called several times adds them up)."""
-    total: torch.Tensor | None = None
-    for part in parts:
-        total = part if total is None else total + part
-    assert total is not None
-    return total
-
-
-def _sq_rows(rows: torch.Tensor) -> torch.Tensor:
-    """Squared L2 norm of each row (B, ...) → (B,), without a squared temporary."""
-    norms: torch.Tensor = torch.linalg.vector_norm(rows.reshape(rows.shape[0], -1), dim=1)
-    return norms.pow(2)
-
-
-def _trainable(param: torch.Tensor | None) -> bool:
-    return param is not None and param.requires_grad
-
-
-def _grouped(rows: torch.Tensor, views: int) -> torch.Tensor:
-    """(B·K, ...) → (B, ...) by summing the K consecutive rows of each example."""
-    return rows.reshape(-1, views, *rows.shape[1:]).sum(1)
-
-
-def _row_mask(drop: torch.Tensor, views: int, like: torch.Tensor) -> torch.Tensor:
-    """(B,) → (B·K, 1, 1, ...) broadcastable against ``like``."""
-    return drop.repeat_interleave(views).view(-1, *[1] * (like.dim() - 1))
 
 
 class _Dense:
@@ -222,7 +123,7 @@ class _Dense:
     def bias_rows(self, g: torch.Tensor, views: int) -> torch.Tensor:
         """(B, p) per-example bias gradients Σₜ gₜ."""
         if self.is_conv:
-            return _grouped(g.sum((-2, -1)), views)
+            return grouped(g.sum((-2, -1)), views)
         return g.reshape(g.shape[0] // views, -1, g.shape[-1]).sum(1)
 
     def per_example(self, x: torch.Tensor, g: torch.Tensor, views: int) -> torch.Tensor:
@@ -285,7 +186,7 @@ def _ghost_sq_norms(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """Σₜₜ′ (aₜ·aₜ′)(gₜ·gₜ′) per example, in chunks that bound the B·T² memory."""
     batch, positions = a.shape[0], a.shape[1]
     if positions == 1:  # ‖a‖²‖g‖²
-        return _sq_rows(a) * _sq_rows(g)
+        return sq_rows(a) * sq_rows(g)
     chunk = max(1, _GHOST_CHUNK_BYTES // max(1, positions * positions * a.element_size()))
     parts = []
     for start in range(0, batch, chunk):
@@ -296,7 +197,19 @@ def _ghost_sq_norms(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts) if parts else a.new_zeros(0)
 
 
-class _DenseTerms(LayerTerms):
+def _conv_check(module: nn.Module) -> str | None:
+    assert isinstance(module, nn.Conv2d)
+    kind = type(module).__name__
+    if module.padding_mode != "zeros":
+        return f"{kind} with padding_mode={module.padding_mode!r} (only 'zeros')"
+    if module.groups != 1:
+        return f"{kind} with groups={module.groups} (only groups=1)"
+    return None
+
+
+@register_rule(nn.Linear, WSConv2d)
+@register_rule(nn.Conv2d, check=_conv_check)
+class DenseTerms(LayerTerms):
     """Linear, Conv2d and WSConv2d layers."""
 
     def __init__(self, module: nn.Module, calls: list[Call], views: int, strategy: Strategy):
@@ -314,14 +227,14 @@ class _DenseTerms(LayerTerms):
             and p * d <= positions * (p + d)
             and batch * p * d * weight.element_size() <= MATERIALISE_BYTES
         )
-        self.train_weight = _trainable(weight)
-        self.train_bias = _trainable(getattr(module, "bias", None))
-        self.train_gain = self.ws is not None and _trainable(self.ws.gain)
+        self.train_weight = trainable(weight)
+        self.train_bias = trainable(getattr(module, "bias", None))
+        self.train_gain = self.ws is not None and trainable(self.ws.gain)
         sq = weight.new_zeros(batch)
         self.bias_rows: torch.Tensor | None = None
         if self.train_bias:
             self.bias_rows = sum_calls(self.dense.bias_rows(g, views) for _, g in calls)
-            sq = sq + _sq_rows(self.bias_rows)
+            sq = sq + sq_rows(self.bias_rows)
         self.per_example: torch.Tensor | None = None
         if self.train_weight or self.train_gain:
             if self.materialise:
@@ -361,7 +274,7 @@ class _DenseTerms(LayerTerms):
 
     def _materialised_sq(self, per_example: torch.Tensor) -> torch.Tensor:
         if self.ws is None:
-            return _sq_rows(per_example)
+            return sq_rows(per_example)
         # ‖∂w‖² = Σₒ (γₒ/sₒ)²(‖Gₒ‖² − (Σ Gₒ)²/d − liveₒ⟨Gₒ, w̃ₒ⟩²): the projection removes
         # the orthonormal directions 1/√d and w̃ₒ (w̃ₒ ⟂ 1, ‖w̃ₒ‖ = 1 when live), so no
         # (B, p, d) temporary is needed.
@@ -373,7 +286,7 @@ class _DenseTerms(LayerTerms):
             mean_part = per_example.sum(-1).pow(2) / per_example.shape[-1]
             per_channel = (full - mean_part - live * gain.pow(2)).clamp(min=0)
             sq = sq + (per_channel * ratio.pow(2)).sum(1)
-        return sq + _sq_rows(gain) if self.train_gain else sq
+        return sq + sq_rows(gain) if self.train_gain else sq
 
     def _ghost_sq(self, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         if self.ws is None:
@@ -413,8 +326,8 @@ class _DenseTerms(LayerTerms):
             for x, g in self.calls:
                 g = g * row_scale.to(g.dtype).view(-1, *[1] * (g.dim() - 1))
                 if drop is not None:
-                    g = g.masked_fill(_row_mask(drop, self.views, g), 0)
-                    x = x.masked_fill(_row_mask(drop, self.views, x), 0)
+                    g = g.masked_fill(row_mask(drop, self.views, g), 0)
+                    x = x.masked_fill(row_mask(drop, self.views, x), 0)
                 grad_hat = grad_hat + self.dense.weighted_product(x, g)
             assert isinstance(grad_hat, torch.Tensor)
         if self.ws is None:
@@ -425,37 +338,4 @@ class _DenseTerms(LayerTerms):
             out["weight"] = self.dense.unmatrix(grad_w, weight.shape)
         if self.train_gain:
             out["gain"] = grad_gain.reshape(self.ws.gain.shape)
-        return out
-
-
-class _GroupNormTerms(LayerTerms):
-    """Affine GroupNorm: per-example gradients Σ g ⊙ x̂ (scale) and Σ g (offset) are small."""
-
-    def __init__(self, module: nn.GroupNorm, calls: list[Call], views: int) -> None:
-        self.rows: dict[str, torch.Tensor] = {}
-        for x, g in calls:
-            with torch.no_grad():
-                normalised = F.group_norm(x, module.num_groups, eps=module.eps)
-            flat_g = g.reshape(g.shape[0], g.shape[1], -1)
-            parts = {
-                "weight": torch.einsum("bci,bci->bc", flat_g, normalised.reshape_as(flat_g)),
-                "bias": flat_g.sum(-1),
-            }
-            for name, rows in parts.items():
-                if _trainable(getattr(module, name)):
-                    grouped = _grouped(rows, views)
-                    self.rows[name] = self.rows[name] + grouped if name in self.rows else grouped
-        first = calls[0][0]
-        self.sq_norms = first.new_zeros(first.shape[0] // views)
-        for rows in self.rows.values():
-            self.sq_norms = self.sq_norms + rows.pow(2).sum(1)
-
-    def clipped_sum(
-        self, scale: torch.Tensor, drop: torch.Tensor | None
-    ) -> dict[str, torch.Tensor]:
-        out = {}
-        for name, rows in self.rows.items():
-            if drop is not None:
-                rows = rows.masked_fill(drop[:, None], 0)
-            out[name] = scale.to(rows.dtype) @ rows
         return out

@@ -1,0 +1,107 @@
+"""What every per-layer rule provides, the registry of rules, and shared row helpers.
+
+A rule turns the (input, output gradient) pairs a layer saw in one forward/backward pass into
+per-example squared gradient norms and, given clipping factors, the clipped sum of its
+parameters' gradients (:class:`LayerTerms`). Rules are registered per layer type
+(:func:`register_rule`), as Opacus registers one grad sampler per layer type.
+"""
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from typing import Literal
+
+import torch
+from torch import nn
+
+Strategy = Literal["auto", "ghost", "materialise"]
+
+
+# A layer's per-example gradients are materialised only while they fit in this many bytes.
+MATERIALISE_BYTES = 1 << 30
+
+
+Call = tuple[torch.Tensor, torch.Tensor]  # (layer input, gradient w.r.t. layer output)
+
+
+class LayerTerms(ABC):
+    """One layer's per-example squared gradient norms, and the clipped sum they lead to.
+
+    Attributes:
+      sq_norms: (B,) squared L2 norms of the per-example gradients of all the layer's
+        trainable parameters together.
+    """
+
+    sq_norms: torch.Tensor
+
+    @abstractmethod
+    def clipped_sum(
+        self, scale: torch.Tensor, drop: torch.Tensor | None
+    ) -> dict[str, torch.Tensor]:
+        """Σᵢ scaleᵢ·gradᵢ per parameter (local names such as ``weight``).
+
+        Args:
+          scale: (B,) per-example factors cᵢ (zero for examples that must not count).
+          drop: (B,) booleans of examples whose activations or gradients must be zeroed
+            before the sum (so that NaN or inf cannot leak through 0·NaN), or None.
+        """
+
+
+def sum_calls(parts: Iterable[torch.Tensor]) -> torch.Tensor:
+    """The sum of per-call contributions (a layer called several times adds them up)."""
+    total: torch.Tensor | None = None
+    for part in parts:
+        total = part if total is None else total + part
+    assert total is not None
+    return total
+
+
+def sq_rows(rows: torch.Tensor) -> torch.Tensor:
+    """Squared L2 norm of each row (B, ...) → (B,), without a squared temporary."""
+    norms: torch.Tensor = torch.linalg.vector_norm(rows.reshape(rows.shape[0], -1), dim=1)
+    return norms.pow(2)
+
+
+def trainable(param: torch.Tensor | None) -> bool:
+    return param is not None and param.requires_grad
+
+
+def grouped(rows: torch.Tensor, views: int) -> torch.Tensor:
+    """(B·K, ...) → (B, ...) by summing the K consecutive rows of each example."""
+    return rows.reshape(-1, views, *rows.shape[1:]).sum(1)
+
+
+def row_mask(drop: torch.Tensor, views: int, like: torch.Tensor) -> torch.Tensor:
+    """(B,) → (B·K, 1, 1, ...) broadcastable against ``like``."""
+    return drop.repeat_interleave(views).view(-1, *[1] * (like.dim() - 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """How book-keeping handles one layer type.
+
+    Attributes:
+      terms: ``terms(module, calls, views, strategy)`` → the layer's :class:`LayerTerms`.
+      check: why a module of this type is not supported after all (e.g. a padding mode),
+        or None.
+    """
+
+    terms: Callable[[nn.Module, list[Call], int, Strategy], LayerTerms]
+    check: Callable[[nn.Module], str | None]
+
+
+RULES: dict[type[nn.Module], Rule] = {}
+
+
+def register_rule(
+    *layer_types: type[nn.Module], check: Callable[[nn.Module], str | None] = lambda _: None
+) -> Callable[[type[LayerTerms]], type[LayerTerms]]:
+    """Class decorator: ``terms`` handles modules of exactly these types (not subclasses,
+    whose ``forward`` may differ)."""
+
+    def register(terms: type[LayerTerms]) -> type[LayerTerms]:
+        for layer_type in layer_types:
+            RULES[layer_type] = Rule(terms, check)
+        return terms
+
+    return register

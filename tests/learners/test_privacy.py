@@ -198,3 +198,18 @@ def test_noise_scale_of_a_full_fit_matches_sigma(blobs, monkeypatch):
     assert stats.kstest(noise, stats.norm(scale=1.0).cdf).pvalue > 1e-3
     assert stats.kstest(noise, stats.norm(scale=0.67).cdf).pvalue < 1e-6
     assert stats.kstest(noise, stats.norm(scale=1.5).cdf).pvalue < 1e-6
+
+
+def test_a_fit_that_records_other_releases_than_calibrated_is_refused(monkeypatch):
+    """The ledger is filled by what ran and σ by what `_releases` claimed; they must agree."""
+    x, y = np.random.default_rng(0).normal(size=(60, 4)), np.arange(60) % 3
+    claimed = DPLeastSquares._releases
+
+    def one_more(self, n, d, m):
+        count, rate = claimed(self, n, d, m)
+        return count + 1, rate
+
+    monkeypatch.setattr(DPLeastSquares, "_releases", one_more)
+    learner = DPLeastSquares(target_epsilon=1.0, num_classes=3, random_state=0)
+    with pytest.raises(DPVisionError, match=r"was calibrated for .* but recorded"):
+        learner.fit(x, y)

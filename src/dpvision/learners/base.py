@@ -12,6 +12,7 @@ After ``fit`` the estimator has ``coef_`` (m, d), ``intercept_`` (m,), ``classes
 import abc
 import math
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from dpvision.accounting import (
     PrivacyLedger,
     calibrate_noise_multiplier,
 )
+from dpvision.accounting.ledger import NON_PRIVATE, LedgerEntry
 from dpvision.distributed import Workers, current
 from dpvision.errors import DPVisionError
 from dpvision.learners.statistics import check_features, iter_chunks
@@ -72,11 +74,51 @@ def resolve_noise_multiplier(
     )
 
 
+def check_releases(
+    entries: Sequence[LedgerEntry],
+    count: int,
+    sample_rate: float,
+    sigma: float | None,
+    learner: str,
+) -> None:
+    """Checks that a fit recorded exactly the releases it was calibrated for.
+
+    σ was calibrated (or ε is reported) for ``count`` Gaussian releases at ``sample_rate``
+    and σ (``_releases``); the ledger is filled by the releases that actually ran. If the
+    two disagree, the reported ε would describe another mechanism than the one that ran.
+
+    Raises:
+      DPVisionError: the recorded releases differ in number, σ or sample rate.
+    """
+    recorded = sum(entry.count for entry in entries)
+    if sigma is None:
+        agree = all(entry.mechanism == NON_PRIVATE for entry in entries)
+    else:
+        agree = all(
+            entry.mechanism != NON_PRIVATE
+            and entry.noise_multiplier == sigma
+            and entry.sample_rate == sample_rate
+            for entry in entries
+        )
+    if recorded != count or not agree:
+        found = ", ".join(
+            f"{e.count}× σ={e.noise_multiplier:g} q={e.sample_rate:g} ({e.released})"
+            for e in entries
+        )
+        raise DPVisionError(
+            f"{learner} was calibrated for {count} releases at σ = {sigma} and q = "
+            f"{sample_rate:g} but recorded {found or 'none'}: this is a bug in dpvision, "
+            "please report it"
+        )
+
+
 class DPLinearClassifier(ClassifierMixin, BaseEstimator, abc.ABC):  # type: ignore[misc]
     """Base class: a linear classifier over features, trained under differential privacy.
 
     Subclasses implement ``_releases(n, d, m)`` (how many Gaussian releases, at which sample
-    rate, the fit makes: the accounting of their theorem) and ``_fit_private``.
+    rate, the fit makes: the accounting of their theorem) and ``_fit_private``. ``fit``
+    checks at run time that the releases ``_fit_private`` recorded are exactly those σ was
+    calibrated for (:func:`check_releases`).
     """
 
     # Subclasses set these as constructor keywords (scikit-learn style).
@@ -153,9 +195,12 @@ class DPLinearClassifier(ClassifierMixin, BaseEstimator, abc.ABC):  # type: igno
             raise DPVisionError(
                 "under torchrun every rank must draw the same noise: give random_state"
             )
+        own = PrivacyLedger()  # this fit's releases alone, checked against the calibration
         coef, intercept = self._fit_private(
-            X, y, num_classes, sigma, ledger, make_generator(self.random_state), workers
+            X, y, num_classes, sigma, own, make_generator(self.random_state), workers
         )
+        check_releases(own.entries, count, sample_rate, sigma, type(self).__name__)
+        ledger.extend(own)
         self.coef_ = coef.to(torch.float64).numpy()
         self.intercept_ = intercept.to(torch.float64).numpy()
         self.classes_ = np.arange(num_classes)

@@ -29,8 +29,8 @@ def load_torch(path: str | Path) -> Any:
     """The object saved at ``path`` by ``torch.save``, read with ``weights_only=True``.
 
     Raises:
-      Whatever ``torch.load`` raises (a file that is missing, damaged, or that asks to run
-      code: ``pickle.UnpicklingError``); callers turn it into a one-line error.
+      Exception: whatever ``torch.load`` raises for a file that is missing, damaged, or that
+        asks to run code (``pickle.UnpicklingError``); callers turn it into a one-line error.
     """
     return torch.load(path, map_location="cpu", weights_only=True)
 

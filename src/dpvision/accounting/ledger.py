@@ -88,14 +88,15 @@ class LedgerEntry:
 class PrivacyLedger:
     """An ordered, append-only record of the Gaussian releases a run made.
 
-    >>> ledger = PrivacyLedger()
-    >>> ledger.record(noise_multiplier=8.0, released="mean of clipped features")
-    >>> for _ in range(500):
-    ...     ledger.record(noise_multiplier=1.1, sample_rate=0.01, released="DP-SGD gradient sum")
-    >>> [(e.released, e.count) for e in ledger]
-    [('mean of clipped features', 1), ('DP-SGD gradient sum', 500)]
-    >>> PrivacyLedger.from_json(ledger.to_json()) == ledger
-    True
+    Examples:
+      >>> ledger = PrivacyLedger()
+      >>> ledger.record(noise_multiplier=8.0, released="mean of clipped features")
+      >>> for _ in range(500):
+      ...     ledger.record(noise_multiplier=1.1, sample_rate=0.01, released="DP-SGD gradient sum")
+      >>> [(e.released, e.count) for e in ledger]
+      [('mean of clipped features', 1), ('DP-SGD gradient sum', 500)]
+      >>> PrivacyLedger.from_json(ledger.to_json()) == ledger
+      True
     """
 
     def __init__(self, entries: Iterable[LedgerEntry] = ()) -> None:

@@ -21,9 +21,10 @@ class PoissonSampler:
     The generator state can be saved and restored (``state_dict`` / ``load_state_dict``), so a
     run resumed from a checkpoint draws exactly the batches an uninterrupted run would.
 
-    >>> sampler = PoissonSampler(num_examples=10, sample_rate=0.5, steps=3, seed=0)
-    >>> [len(batch) for batch in sampler]
-    [3, 5, 3]
+    Examples:
+      >>> sampler = PoissonSampler(num_examples=10, sample_rate=0.5, steps=3, seed=0)
+      >>> [len(batch) for batch in sampler]
+      [3, 5, 3]
     """
 
     def __init__(self, *, num_examples: int, sample_rate: float, steps: int, seed: int) -> None:

@@ -11,6 +11,7 @@ from PIL import Image
 from scipy import stats
 
 from dpvision.data import synthetic
+from dpvision.data.synthetic import dead_leaves, generator
 from dpvision.data.synthetic import (
     FILTER_BANK_NAMES,
     SYNTHETIC_KINDS,
@@ -110,22 +111,22 @@ def test_images_use_the_value_range(kind: str, channels: int) -> None:
 @pytest.mark.parametrize("shapes", ["squares", "oriented", "mixed"])
 def test_dead_leaves_cover_every_pixel(shapes: str) -> None:
     for index in range(30):
-        rng = synthetic._image_rng(f"dead-leaves-{shapes}", 32, 3, 0, index)
-        labels, drawn = synthetic._dead_leaves_labels(rng, 32, shapes)
+        rng = generator._image_rng(f"dead-leaves-{shapes}", 32, 3, 0, index)
+        labels, drawn = dead_leaves.dead_leaves_labels(rng, 32, shapes)
         assert labels.min() >= 0  # -1 is the sentinel of an uncovered pixel
         assert drawn < synthetic.MAX_SHAPES
         assert labels.max() < drawn
 
 
 def test_dead_leaves_stop_at_the_shape_limit() -> None:
-    labels, drawn = synthetic._dead_leaves_labels(np.random.default_rng(0), 32, "squares", 10)
+    labels, drawn = dead_leaves.dead_leaves_labels(np.random.default_rng(0), 32, "squares", 10)
     assert drawn == 10
     assert (labels == -1).any()  # 10 shapes cannot cover 32×32; the background shows there
 
 
 def test_dead_leaves_colours_are_flat_per_shape() -> None:
-    rng = synthetic._image_rng("dead-leaves-squares", 32, 3, 0, 7)
-    labels, _ = synthetic._dead_leaves_labels(rng, 32, "squares")
+    rng = generator._image_rng("dead-leaves-squares", 32, 3, 0, 7)
+    labels, _ = dead_leaves.dead_leaves_labels(rng, 32, "squares")
     image = generate("dead-leaves-squares", 1, start=7)[0].reshape(-1, 3)
     for label in np.unique(labels):
         assert len(np.unique(image[labels == label], axis=0)) == 1
@@ -136,7 +137,7 @@ def test_frontmost_shape_wins() -> None:
     # Two large axis-aligned squares: the first drawn (front) hides the second where they meet.
     iy, ix = np.divmod(np.arange(64), 8)
     cx, cy = np.array([2.0, 4.0], np.float32), np.array([2.0, 4.0], np.float32)
-    inside = synthetic._box_mask(ix, iy, 8, cx, cy, np.array([2.0, 2.0], np.float32))
+    inside = dead_leaves.box_mask(ix, iy, 8, cx, cy, np.array([2.0, 2.0], np.float32))
     front = inside.argmax(axis=0).reshape(8, 8)
     assert inside[:, 3 * 8 + 3].all()
     assert front[3, 3] == 0
@@ -149,13 +150,13 @@ def test_rotated_rectangle_at_zero_angle_is_the_box() -> None:
     iy, ix = np.divmod(np.arange(16 * 16), 16)
     cx, cy = rng.uniform(0, 16, (2, 40)).astype(np.float32)
     half = rng.integers(1, 6, 40).astype(np.float32)
-    box = synthetic._box_mask(ix, iy, 16, cx, cy, half)
+    box = dead_leaves.box_mask(ix, iy, 16, cx, cy, half)
     px, py = ix.astype(np.float32), iy.astype(np.float32)
     zero = np.zeros(40, np.float32)
-    assert np.array_equal(synthetic._rectangle_mask(px, py, cx, cy, half, half, zero), box)
+    assert np.array_equal(dead_leaves.rectangle_mask(px, py, cx, cy, half, half, zero), box)
     subset = np.arange(0, 256, 3)  # the gathered path (uncovered pixels only)
     assert np.array_equal(
-        synthetic._box_mask(ix[subset], iy[subset], 16, cx, cy, half), box[:, subset]
+        dead_leaves.box_mask(ix[subset], iy[subset], 16, cx, cy, half), box[:, subset]
     )
 
 
@@ -163,7 +164,7 @@ def test_polygon_mask_of_a_triangle() -> None:
     # Counter-clockwise (0, 0), (4, 0), (0, 4), the last vertex repeated: x, y >= 0, x + y <= 4.
     px, py = np.array([1.0, 3.0, 1.0, 3.0, -0.5, 2.0]), np.array([1.0, 1.0, 2.5, 3.0, 1.0, 2.0])
     vx, vy = np.array([[0.0, 4.0, 0.0, 0.0]]), np.array([[0.0, 0.0, 4.0, 4.0]])
-    inside = synthetic._polygon_mask(px, py, vx, vy)
+    inside = dead_leaves.polygon_mask(px, py, vx, vy)
     assert inside.tolist() == [[True, True, True, False, False, True]]
 
 

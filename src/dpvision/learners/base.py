@@ -10,6 +10,7 @@ After ``fit`` the estimator has ``coef_`` (m, d), ``intercept_`` (m,), ``classes
 """
 
 import abc
+import dataclasses
 import math
 import os
 from collections.abc import Sequence
@@ -74,6 +75,29 @@ def resolve_noise_multiplier(
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class PrivateFit:
+    """What a learner's private fit works with besides the data.
+
+    Attributes:
+      num_classes: m, public (never read off the labels).
+      sigma: the noise multiplier of every release, None with the noise off.
+      ledger: where each release is recorded as it is made.
+      generator: the noise generator (identically seeded on every rank).
+      workers: the processes sharing the rows.
+    """
+
+    num_classes: int
+    sigma: float | None
+    ledger: PrivacyLedger
+    generator: torch.Generator
+    workers: Workers
+
+    def unpack(self) -> tuple[int, float | None, PrivacyLedger, torch.Generator, Workers]:
+        """(num_classes, sigma, ledger, generator, workers)."""
+        return self.num_classes, self.sigma, self.ledger, self.generator, self.workers
+
+
 def check_releases(
     entries: Sequence[LedgerEntry],
     count: int,
@@ -136,21 +160,16 @@ class DPLinearClassifier(ClassifierMixin, BaseEstimator, abc.ABC):  # type: igno
 
     @abc.abstractmethod
     def _fit_private(
-        self,
-        features: np.ndarray,
-        labels: np.ndarray,
-        num_classes: int,
-        sigma: float | None,
-        ledger: PrivacyLedger,
-        generator: torch.Generator,
-        workers: Workers,
+        self, features: np.ndarray, labels: np.ndarray, fit: PrivateFit
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fits on the data, adding noise at σ (None: no noise) and recording it in ``ledger``.
+        """Fits on the data, adding noise at ``fit.sigma`` (None: no noise) and recording
+        every release in ``fit.ledger``.
 
-        Under ``torchrun`` every rank gets the whole (memory-mapped) data and ``workers``:
-        it reduces only its share of the rows (``workers.row_range(n)``), the exact sums are
-        all-reduced, and the noise is drawn after the reduction from ``generator``, which is
-        in the same state on every rank, so all ranks release and return the same values.
+        Under ``torchrun`` every rank gets the whole (memory-mapped) data and
+        ``fit.workers``: it reduces only its share of the rows (``workers.row_range(n)``),
+        the exact sums are all-reduced, and the noise is drawn after the reduction from
+        ``fit.generator``, which is in the same state on every rank, so all ranks release
+        and return the same values.
 
         Returns (coef (m, d), intercept (m,)).
         """
@@ -196,9 +215,8 @@ class DPLinearClassifier(ClassifierMixin, BaseEstimator, abc.ABC):  # type: igno
                 "under torchrun every rank must draw the same noise: give random_state"
             )
         own = PrivacyLedger()  # this fit's releases alone, checked against the calibration
-        coef, intercept = self._fit_private(
-            X, y, num_classes, sigma, own, make_generator(self.random_state), workers
-        )
+        fit = PrivateFit(num_classes, sigma, own, make_generator(self.random_state), workers)
+        coef, intercept = self._fit_private(X, y, fit)
         check_releases(own.entries, count, sample_rate, sigma, type(self).__name__)
         ledger.extend(own)
         self.coef_ = coef.to(torch.float64).numpy()

@@ -18,10 +18,8 @@ import math
 import numpy as np
 import torch
 
-from dpvision.accounting import PrivacyLedger
-from dpvision.distributed import Workers
 from dpvision.errors import DPVisionError
-from dpvision.learners.base import DPLinearClassifier
+from dpvision.learners.base import DPLinearClassifier, PrivateFit
 from dpvision.learners.dp_sgd_linear import clipped_gradient_sum, loss_gradient, row_sq_norms
 from dpvision.learners.linalg import psd_project, symmetrize
 from dpvision.learners.statistics import DEFAULT_CHUNK_SIZE, gram_statistics, read_rows
@@ -86,15 +84,9 @@ class DPFeatureCovariance(DPLinearClassifier):
         return int(self.epochs) + 1, 1.0
 
     def _fit_private(
-        self,
-        features: np.ndarray,
-        labels: np.ndarray,
-        num_classes: int,
-        sigma: float | None,
-        ledger: PrivacyLedger,
-        generator: torch.Generator,
-        workers: Workers,
+        self, features: np.ndarray, labels: np.ndarray, fit: PrivateFit
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        num_classes, sigma, ledger, generator, workers = fit.unpack()
         n, d = features.shape
         cg = self.covariance_clip_norm
         start, stop = workers.row_range(n)

@@ -15,9 +15,7 @@ import math
 import numpy as np
 import torch
 
-from dpvision.accounting import PrivacyLedger
-from dpvision.distributed import Workers
-from dpvision.learners.base import DPLinearClassifier
+from dpvision.learners.base import DPLinearClassifier, PrivateFit
 from dpvision.learners.linalg import solve_psd, symmetrize
 from dpvision.learners.statistics import (
     DEFAULT_CHUNK_SIZE,
@@ -93,15 +91,9 @@ class DPLeastSquares(DPLinearClassifier):
         return float(self.ridge) * c2
 
     def _fit_private(
-        self,
-        features: np.ndarray,
-        labels: np.ndarray,
-        num_classes: int,
-        sigma: float | None,
-        ledger: PrivacyLedger,
-        generator: torch.Generator,
-        workers: Workers,
+        self, features: np.ndarray, labels: np.ndarray, fit: PrivateFit
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        num_classes, sigma, ledger, generator, workers = fit.unpack()
         c = self.clip_norm
         n, d = features.shape
         start, stop = workers.row_range(n)

@@ -11,10 +11,8 @@ import math
 import numpy as np
 import torch
 
-from dpvision.accounting import PrivacyLedger
-from dpvision.distributed import Workers
 from dpvision.errors import DPVisionError
-from dpvision.learners.base import DPLinearClassifier
+from dpvision.learners.base import DPLinearClassifier, PrivateFit
 from dpvision.learners.linalg import solve_psd
 from dpvision.learners.statistics import DEFAULT_CHUNK_SIZE, iter_chunks
 from dpvision.mechanisms import clip_rows, release_gaussian
@@ -75,15 +73,9 @@ class DPNewton(DPLinearClassifier):
         return 2 * int(self.iterations), 1.0
 
     def _fit_private(
-        self,
-        features: np.ndarray,
-        labels: np.ndarray,
-        num_classes: int,
-        sigma: float | None,
-        ledger: PrivacyLedger,
-        generator: torch.Generator,
-        workers: Workers,
+        self, features: np.ndarray, labels: np.ndarray, fit: PrivateFit
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        num_classes, sigma, ledger, generator, workers = fit.unpack()
         n, d = features.shape
         m, c = num_classes, self.clip_norm
         if self.ridge == "auto":

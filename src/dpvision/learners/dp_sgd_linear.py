@@ -12,10 +12,8 @@ import math
 import numpy as np
 import torch
 
-from dpvision.accounting import PrivacyLedger
-from dpvision.distributed import Workers
 from dpvision.errors import DPVisionError
-from dpvision.learners.base import DPLinearClassifier
+from dpvision.learners.base import DPLinearClassifier, PrivateFit
 from dpvision.learners.statistics import DEFAULT_CHUNK_SIZE, read_rows
 from dpvision.mechanisms import clipping, release_gaussian
 
@@ -188,15 +186,9 @@ class DPSGDLinear(DPLinearClassifier):
         return self._steps(n), self._sample_rate(n)
 
     def _fit_private(
-        self,
-        features: np.ndarray,
-        labels: np.ndarray,
-        num_classes: int,
-        sigma: float | None,
-        ledger: PrivacyLedger,
-        generator: torch.Generator,
-        workers: Workers,
+        self, features: np.ndarray, labels: np.ndarray, fit: PrivateFit
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        num_classes, sigma, ledger, generator, workers = fit.unpack()
         n, d = features.shape
         q, steps = self._sample_rate(n), self._steps(n)
         expected_batch = self.expected_batch_size or q * n

@@ -193,9 +193,19 @@ class _Run:
             ema=state.ema,
         )
         run = cls(
-            config, options, data, steps, sigma, state, step_fn, plan, workers, quiet,
-            checkpoint, settings,
-        )  # fmt: skip
+            config=config,
+            options=options,
+            data=data,
+            steps=steps,
+            sigma=sigma,
+            state=state,
+            step_fn=step_fn,
+            plan=plan,
+            workers=workers,
+            quiet=quiet,
+            checkpoint=checkpoint,
+            settings=settings,
+        )
         run.resume()
         say(
             f"dp-sgd {options.model} ({sum(p.numel() for p in model.parameters())} parameters) "

@@ -11,11 +11,12 @@ from PIL import Image
 from scipy import stats
 
 from dpvision.data import synthetic
-from dpvision.data.synthetic import dead_leaves, generator
 from dpvision.data.synthetic import (
     FILTER_BANK_NAMES,
     SYNTHETIC_KINDS,
+    dead_leaves,
     generate,
+    generator,
     oriented_filter_bank,
     preview_grid,
     sample_radii,

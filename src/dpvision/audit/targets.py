@@ -11,10 +11,11 @@ Each target trains with the code users run, configured by the same :class:`Train
   own DP-SGD pieces: :class:`~dpvision.mechanisms.PoissonSampler` draws each run's batch
   independently, :func:`~dpvision.data.augment.augment_views` makes the K views,
   :func:`~dpvision.per_example.reference.functional_clipped_sum` (the ``torch.func``
-  reference clipping, vmapped over the runs) clips and sums, and
-  :func:`~dpvision.training.engine.privatize_gradients` adds the noise and records the
-  step, then the torch optimizer and :class:`~dpvision.training.engine.ParameterEMA` of the
-  trainer step all runs elementwise. With one run, the stacked step draws exactly the
+  reference clipping, vmapped over the runs) clips and sums, and the one DP-SGD update of
+  the trainer and ``PrivacyEngine``, :func:`~dpvision.training.engine.noisy_step`, adds the
+  noise at the clipped sum's stated sensitivity, records the step, steps the torch
+  optimizer and updates the :class:`~dpvision.training.engine.ParameterEMA`, elementwise
+  over the runs. With one run, the stacked step draws exactly the
   batches and the noise that :class:`~dpvision.training.engine.DPSGDStep` draws with the
   same seeds (a test checks the two give the same parameters).
 

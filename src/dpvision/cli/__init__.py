@@ -6,6 +6,11 @@ Commands:
   dpvision privacy steps    how many steps a noise multiplier allows within (ε, δ)
   dpvision train            train a private classifier and write its result JSON
   dpvision audit            an empirical ε lower bound by membership inference
+  dpvision pretrain         DP-RandP Phase I: an encoder from synthetic images
+  dpvision synth            a preview grid of synthetic images
+  dpvision sweep, report    privacy-utility grids, tables and plots
+
+One module per command (:mod:`dpvision.cli.train`, …), each with ``add_parser`` and ``run``.
 
 User errors (bad values, unreachable targets) print one line on stderr and exit with code 2.
 """

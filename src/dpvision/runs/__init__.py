@@ -2,5 +2,6 @@
 
 * :mod:`dpvision.runs.train` — ``dpvision train``: :func:`run_training` and its summary;
 * :mod:`dpvision.runs.features` — feature learners on (private) features;
-* :mod:`dpvision.runs.dpsgd` — DP-SGD and DP-RandP on deep models.
+* :mod:`dpvision.runs.dpsgd` — DP-SGD and DP-RandP on deep models;
+* :mod:`dpvision.runs.transfer` — DP-RandP's encoder (made by Phase I when missing) and phase split.
 """

@@ -5,7 +5,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dpvision.audit.canaries import CANARIES
 from dpvision.cli.arguments import (
     add_run_arguments,
     positive_float,
@@ -94,10 +93,9 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    # local import: start-up time
+    # local import: start-up time (dpvision.audit imports torch)
     from dpvision.audit import AuditSettings, audit_config, parse_sweep, run_audit, summary
-
-    # local import: start-up time
+    from dpvision.audit.canaries import CANARIES
     from dpvision.fileio import write_json_atomic
 
     for path in (args.histogram, None if args.json == "-" else args.json):

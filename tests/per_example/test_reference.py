@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from dpvision.errors import DPVisionError
-from dpvision.per_example import clipped_gradient_sum
+from dpvision.per_example import ClippedGradientSum, clipped_gradient_sum
 
 LOSS = nn.CrossEntropyLoss(reduction="none")
 
@@ -106,3 +106,17 @@ def test_bad_clip_norm():
             torch.tensor([0]),
             max_grad_norm=0.0,
         )
+
+
+def test_clipped_sums_of_other_sensitivities_are_not_added():
+    # Noise is scaled to the total's stated sensitivity: a part clipped to another C would
+    # make that statement false, so accumulation refuses it.
+    params = {"w": torch.zeros(3)}
+    total = ClippedGradientSum.zeros(params, l2_sensitivity=1.0)
+    part = ClippedGradientSum.zeros(params, l2_sensitivity=2.0)
+    with pytest.raises(DPVisionError, match="sensitivity"):
+        total.add_(part)
+    same = ClippedGradientSum.zeros(params, l2_sensitivity=1.0)
+    same.grads["w"] += 1.0
+    total.add_(same)
+    assert torch.equal(total.grads["w"], torch.ones(3))

@@ -79,11 +79,6 @@ def run_settings(config: TrainConfig) -> dict[str, Any]:
     return data
 
 
-def config_fingerprint(config: TrainConfig) -> str:
-    """A hash of :func:`run_settings`."""
-    return fingerprint(run_settings(config))
-
-
 def run_dpsgd(
     config: TrainConfig, *, quiet: bool = False, checkpoint: str | Path | None = None
 ) -> dict[str, Any]:

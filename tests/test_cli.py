@@ -356,7 +356,8 @@ def test_bad_input_is_one_line_and_exit_2(argv):
     )
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
-    lines = proc.stderr.strip().splitlines()
+    # Progress lines ("[dpvision] searching …") may come first; the error is one line.
+    lines = [line for line in proc.stderr.strip().splitlines() if not line.startswith("[dpvision]")]
     assert len(lines) == 1, proc.stderr
     assert "error" in lines[0]
 

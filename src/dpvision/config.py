@@ -42,6 +42,8 @@ import dataclasses
 import functools
 import math
 import tomllib
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,6 +84,10 @@ class TrainConfig:
       noise_multiplier: σ instead of a target ε (``0``: no noise).
       accountant: ``pld``, ``rdp``, ``gaussian``, ``classic-rdp`` or ``None`` (tightest valid).
       seed: seeds the noise and any sampling.
+      validation_fraction: the share of the training examples held out as a validation
+        split (seeded; :mod:`dpvision.data.validation`): ``eval_every`` and the result's
+        ``validation_accuracy`` use it and the test set is evaluated once, at the end.
+        0 (the default, as in the papers): train on all of them.
       preprocessing: see :class:`PreprocessingConfig`.
       learner: keyword arguments of the learner's estimator (validated against it).
       pretrain: ``dp-randp``: Phase I options, used when ``learner.encoder`` is unset
@@ -102,6 +108,7 @@ class TrainConfig:
     noise_multiplier: float | None = None
     accountant: str | None = None
     seed: int = 0
+    validation_fraction: float = 0.0
     preprocessing: PreprocessingConfig = field(default_factory=PreprocessingConfig)
     learner: dict[str, Any] = field(default_factory=dict)
     pretrain: dict[str, Any] = field(default_factory=dict)
@@ -137,7 +144,15 @@ def _field_types(cls: type) -> dict[str, Any]:
     return {f.name: f.type for f in dataclasses.fields(cls)}
 
 
-_NUMBER_FIELDS = {"epsilon", "delta", "noise_multiplier", "mean_clip", "square_clip", "clip_norm"}
+_NUMBER_FIELDS = {
+    "validation_fraction",
+    "epsilon",
+    "delta",
+    "noise_multiplier",
+    "mean_clip",
+    "square_clip",
+    "clip_norm",
+}
 _INT_FIELDS = {"seed", "groups", "channels", "num_classes", "image_channels"}
 _OPTIONAL = {
     "data_dir",
@@ -229,6 +244,12 @@ def validate(config: TrainConfig) -> TrainConfig:
         raise DPVisionError(f"noise_multiplier must be >= 0, got {config.noise_multiplier}")
     if not 0 < config.delta < 1:
         raise DPVisionError(f"delta must be in (0, 1), got {config.delta}")
+    if not 0 <= config.validation_fraction < 1:
+        raise DPVisionError(
+            f"validation_fraction must be in [0, 1), got {config.validation_fraction}"
+        )
+    if not 0 <= config.seed < 2**63:
+        raise DPVisionError(f"seed must be a whole number in [0, 2**63), got {config.seed}")
     _check_public_shape(config)
     if config.preprocessing.kind not in PREPROCESSING:
         raise DPVisionError(
@@ -275,13 +296,55 @@ def validate(config: TrainConfig) -> TrainConfig:
         "accountant",
         "random_state",
     }
-    for key in config.learner:
+    hints = typing.get_type_hints(LEARNERS[config.method].__init__)
+    for key, value in config.learner.items():
         if key not in allowed:
             raise DPVisionError(
                 f"unknown learner option {key!r} for {config.method}; valid: "
                 f"{', '.join(sorted(allowed))}"
             )
+        if not _matches(value, hints.get(key, Any)):
+            raise DPVisionError(f"learner.{key} must be {_describe(hints[key])}, got {value!r}")
+    try:
+        LEARNERS[config.method](**config.learner).check_params()
+    except DPVisionError as error:
+        raise DPVisionError(f"learner.{error}") from None
     return config
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    """Whether a TOML value fits a learner's type annotation (ints count as floats)."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        return any(_matches(value, arg) for arg in args)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if typing.get_origin(hint) is tuple:
+        return (
+            isinstance(value, list | tuple)
+            and len(value) == len(args)
+            and all(_matches(v, a) for v, a in zip(value, args, strict=True))
+        )
+    return True
+
+
+def _describe(hint: Any) -> str:
+    names = {bool: "true or false", int: "a whole number", float: "a number", str: "a string"}
+    if typing.get_origin(hint) in (types.UnionType, typing.Union):
+        return " or ".join(
+            "none" if arg is type(None) else _describe(arg) for arg in typing.get_args(hint)
+        )
+    if typing.get_origin(hint) is tuple:
+        return f"a list of {len(typing.get_args(hint))} numbers"
+    return names.get(hint, str(hint))
 
 
 REFERENCE_KEYS = ("source", "accuracy", "epsilon", "band", "needs", "points")
@@ -342,6 +405,12 @@ def load_toml(path: str | Path) -> dict[str, Any]:
             return tomllib.load(handle)
     except FileNotFoundError:
         raise DPVisionError(f"config file {path} not found") from None
+    except IsADirectoryError:
+        raise DPVisionError(f"config file {path} is a folder; give a .toml file") from None
+    except OSError as error:
+        raise DPVisionError(f"cannot read config file {path}: {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise DPVisionError(f"{path} is not valid TOML: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as error:
         raise DPVisionError(f"{path} is not valid TOML: {error}") from None
 
@@ -366,14 +435,18 @@ def resolve(
     overrides: dict[str, Any] | None = None,
     sets: list[str] | None = None,
 ) -> TrainConfig:
-    """Builds the config: defaults < TOML file < flags (``overrides``) < ``--set`` items."""
+    """Builds the config: defaults < TOML file < flags (``overrides``; a dict value sets
+    keys of that table) < ``--set`` items."""
     raw: dict[str, Any] = load_toml(file) if file is not None else {}
     where = str(file) if file is not None else "config"
     if "noise_multiplier" in raw and "epsilon" not in raw:
         raw["epsilon"] = None  # the file chose a fixed σ over the default target
     given: dict[str, str] = {}  # privacy parameters set on the command line, and how
     for key, value in (overrides or {}).items():
-        if value is not None:
+        if isinstance(value, dict):  # a table given as a dict (the Python API)
+            for name, item in value.items():
+                _assign(raw, [key, name], item, f"{key}.{name}")
+        elif value is not None:
             source = f"--{key.replace('_', '-')} {value:g}" if key in _ALTERNATIVE else ""
             _assign(raw, [key], value, source or f"--{key.replace('_', '-')}")
             if source:

@@ -73,6 +73,28 @@ def write_json_atomic(path: str | Path, data: dict[str, Any]) -> None:
         out.write("\n")
 
 
+def differing_keys(ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
+    """The dotted keys (``learner.epochs``) whose values differ between two nested dicts,
+    sorted; what a refused checkpoint or a stale result names."""
+    mine, other = _flatten(ours), _flatten(theirs)
+    return sorted(
+        k for k in set(mine) | set(other) if mine.get(k, _MISSING) != other.get(k, _MISSING)
+    )
+
+
+_MISSING = object()
+
+
+def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict) and value:
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def _json_default(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()

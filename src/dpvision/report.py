@@ -2,7 +2,9 @@
 
 :func:`sweep` runs configs over a grid of target ε and seeds and writes one result JSON per
 run (the DESIGN.md contract, the resolved config inside, ``[reference]`` included) to a
-folder; runs whose JSON is already there are skipped, so an interrupted sweep resumes.
+folder; a run whose JSON is already there, made by the same resolved config, is kept (so an
+interrupted sweep resumes), and one made by another config (a smoke run's ``--set``) is
+rerun, naming what differs. Every (config, ``--set``) pair is validated before any run.
 
 :func:`report` reads every result JSON of a folder and writes a markdown report beside one
 PNG per dataset:
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from dpvision.errors import DPVisionError
+from dpvision.log import say
 
 #: Relative slack when comparing a reported ε with its target (float printing only).
 EPSILON_SLACK = 1e-9
@@ -57,6 +60,9 @@ def sweep(
 ) -> list[Path]:
     """Runs every config at every target ε and seed; returns the result files (new or kept).
 
+    A result already in ``out`` is kept only when its config is the one this run resolves
+    to (the data folder aside); otherwise the run is redone.
+
     Privacy: each run is a separate private training of its own config (its own ledger);
     the runs are not composed with each other, so a sweep over ε on the same data spends
     the sum of their budgets if all the models are released.
@@ -75,32 +81,57 @@ def sweep(
     if not epsilons or not seeds:
         raise DPVisionError("give at least one ε (--epsilons) and one seed (--seeds)")
     folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        raise DPVisionError(f"--out {folder} is a file; give a folder")
+    # Every (config, ε, seed) is resolved and validated before the first run starts.
+    planned = [
+        (
+            file,
+            epsilon,
+            seed,
+            resolve(file, {"epsilon": epsilon, "seed": seed, "data_dir": data_dir}, list(sets)),
+        )
+        for file in configs
+        for epsilon in epsilons
+        for seed in seeds
+    ]
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    for file in configs:
-        resolve(file, {"data_dir": data_dir}, list(sets))  # fail early on a bad config
-        for epsilon in epsilons:
-            for seed in seeds:
-                name = f"{Path(file).stem}_eps{_format_epsilon(epsilon)}_seed{seed}.json"
-                path = folder / name
-                written.append(path)
-                if path.exists():
-                    if not quiet:
-                        print(f"[dpvision] {name} exists, kept", flush=True)
-                    continue
-                config = resolve(
-                    file, {"epsilon": epsilon, "seed": seed, "data_dir": data_dir}, list(sets)
-                )
-                result = run_training(config, quiet=True)
-                result["sweep_config"] = str(file)
-                write_json_atomic(path, result)
-                if not quiet:
-                    print(
-                        f"[dpvision] {name}: test accuracy {result['test_accuracy']:.4f}, "
-                        f"ε = {result['epsilon']:.4g}",
-                        flush=True,
-                    )
+    for file, epsilon, seed, config in planned:
+        name = f"{Path(file).stem}_eps{_format_epsilon(epsilon)}_seed{seed}.json"
+        path = folder / name
+        written.append(path)
+        stale = _stale(path, config.to_dict())
+        if stale is None:
+            say(f"{name} exists (same config), kept", quiet)
+            continue
+        if stale:
+            say(f"{name} was made by another config (differs in: {stale}); rerunning", quiet)
+        result = run_training(config, quiet=True)
+        result["sweep_config"] = str(file)
+        write_json_atomic(path, result)
+        say(
+            f"{name}: test accuracy {result['test_accuracy']:.4f}, ε = {result['epsilon']:.4g}",
+            quiet,
+        )
     return written
+
+
+def _stale(path: Path, config: dict[str, Any]) -> str | None:
+    """None when ``path`` holds a result of exactly ``config`` (where the data files are
+    aside); else what differs ("" when there is no readable result)."""
+    # local import: start-up time
+    from dpvision.fileio import differing_keys
+
+    try:
+        kept = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(kept, dict) or not isinstance(kept.get("config"), dict):
+        return ""
+    ours = json.loads(json.dumps(config))  # inf, tuples: as they read back from JSON
+    differ = [k for k in differing_keys(ours, kept["config"]) if k != "data_dir"]
+    return ", ".join(differ) if differ else None
 
 
 # --- report ------------------------------------------------------------------------------
@@ -261,9 +292,11 @@ def report(
     from dpvision.fileio import atomic_open
 
     roots = [folders] if isinstance(folders, str | Path) else list(folders)
+    out_path = Path(out) if out is not None else Path(roots[0]) / "report.md"
+    if out_path.is_dir() or (out is not None and not out_path.parent.is_dir()):  # before writing
+        raise DPVisionError(f"cannot write the report to {out_path}: not a file in a folder")
     results = load_results(roots)
     extra = published_points(references)
-    out_path = Path(out) if out is not None else Path(roots[0]) / "report.md"
     where = ", ".join(f"`{r}`" for r in roots)
     lines = ["# dpvision report", ""]
     lines += [f"{len(results)} runs from {where}. Accuracy is test accuracy in %.", ""]

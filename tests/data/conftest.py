@@ -23,19 +23,27 @@ IDX_IMAGES = 0x00000803
 IDX_LABELS = 0x00000801
 
 
-# The full Fashion-MNIST: $DPVISION_DATA (set by .ci/run), else ../shared/data beside the repo.
-# Read at import, before `isolated_env` clears DPVISION_DATA for each test.
-_REAL_FASHION_MNIST = (
-    Path(os.environ.get("DPVISION_DATA") or Path(__file__).resolve().parents[3] / "shared" / "data")
-    / "fashion-mnist"
-)
+# The full Fashion-MNIST: $DPVISION_DATA (set by .ci/run), ../shared/data beside the clone
+# (this workplace), or where Debian's dataset-fashion-mnist installs it. Read at import,
+# before `isolated_env` clears DPVISION_DATA for each test.
+_FASHION_MNIST_PLACES = [
+    *(
+        [Path(os.environ["DPVISION_DATA"]) / "fashion-mnist"]
+        if os.environ.get("DPVISION_DATA")
+        else []
+    ),
+    Path(__file__).resolve().parents[3] / "shared" / "data" / "fashion-mnist",
+    *(base / "fashion-mnist" for base in sources.SYSTEM_DATA_DIRS),
+]
+_REAL_FASHION_MNIST = next((p for p in _FASHION_MNIST_PLACES if p.is_dir()), None)
 
 
 @pytest.fixture
 def real_fashion_mnist() -> Path:
     """The folder of the real Fashion-MNIST IDX files; skips where it is absent."""
-    if not _REAL_FASHION_MNIST.is_dir():
-        pytest.skip(f"no local Fashion-MNIST copy at {_REAL_FASHION_MNIST}")
+    if _REAL_FASHION_MNIST is None:
+        places = ", ".join(str(p) for p in _FASHION_MNIST_PLACES)
+        pytest.skip(f"no local Fashion-MNIST copy (looked in {places}; set DPVISION_DATA)")
     return _REAL_FASHION_MNIST
 
 

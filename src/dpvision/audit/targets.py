@@ -156,14 +156,14 @@ class LearnerTarget(AuditTarget):
         else:
             shape = feature_shape(tuple(images.shape[1:]), replace(spec, flatten=False))
             self.channels = int(shape[0])
-        learner, *_ = feature_runs.fit_learner(
+        learner = feature_runs.fit_learner(
             config,
             self.features,
             data.labels,
             self.canary_features,
             self.channels,
             data.num_classes,
-        )
+        ).learner
         sigma = learner.noise_multiplier_
         fixed_learner = dict(config.learner)
         if config.method == "dp-sgd-linear":
@@ -192,7 +192,7 @@ class LearnerTarget(AuditTarget):
         losses = np.empty(runs)
         for run in range(runs):
             config = replace(self.fixed, seed=_run_seed(seed, with_canary, run) % 2**62)
-            learner, _, canary, _ = feature_runs.fit_learner(
+            fitted = feature_runs.fit_learner(
                 config,
                 train,
                 labels,
@@ -200,6 +200,7 @@ class LearnerTarget(AuditTarget):
                 self.channels,
                 self.data.num_classes,
             )
+            learner, canary = fitted.learner, fitted.test
             if learner.privacy_ledger_.to_dict()["entries"] != self.claim.ledger:
                 raise DPVisionError("the audited runs recorded other releases than claimed")
             scores = torch.from_numpy(learner.decision_function(canary))

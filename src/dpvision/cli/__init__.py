@@ -5,6 +5,8 @@ Commands:
   dpvision privacy noise    the noise multiplier σ that meets a target (ε, δ)
   dpvision privacy steps    how many steps a noise multiplier allows within (ε, δ)
   dpvision train            train a private classifier and write its result JSON
+  dpvision predict          classify images with a saved model (train --save)
+  dpvision evaluate         a saved model's accuracy on a test split
   dpvision audit            an empirical ε lower bound by membership inference
   dpvision pretrain         DP-RandP Phase I: an encoder from synthetic images
   dpvision synth            a preview grid of synthetic images
@@ -20,7 +22,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from dpvision.cli import audit, pretrain, privacy, report, train
+from dpvision.cli import audit, model, pretrain, privacy, report, train
 from dpvision.cli.arguments import EXIT_USAGE, Parser
 from dpvision.cli.pretrain import SYNTHETIC_KINDS
 from dpvision.errors import DPVisionError
@@ -36,6 +38,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
     "synth": pretrain.run_synth,
     "sweep": report.run_sweep,
     "report": report.run_report,
+    "predict": model.run_predict,
+    "evaluate": model.run_evaluate,
 }
 
 
@@ -55,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     pretrain.add_pretrain_parser(commands)
     pretrain.add_synth_parser(commands)
     report.add_parsers(commands)
+    model.add_parsers(commands)
     return parser
 
 
@@ -75,4 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("dpvision: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `dpvision … | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return 0

@@ -2,6 +2,8 @@
 
 import argparse
 import math
+import os
+from pathlib import Path
 from typing import Any, NoReturn
 
 EXIT_USAGE = 2
@@ -39,6 +41,38 @@ def whole_number(text: str) -> int:
     if not value.is_integer():
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
     return int(value)
+
+
+def output_file(text: str) -> str:
+    """An argparse type for a file a command writes, checked before any work starts: not
+    a folder, in a folder that exists and can be written to."""
+    path = Path(text).expanduser()
+    if not text or path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder; give the path of a file")
+    folder = path.parent
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot write {text}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise argparse.ArgumentTypeError(f"cannot write {text}: permission denied")
+    return text
+
+
+def output_folder(text: str) -> str:
+    """An argparse type for a folder a command writes into (made if missing): not a file."""
+    path = Path(text).expanduser()
+    if not text or (path.exists() and not path.is_dir()):
+        raise argparse.ArgumentTypeError(f"{text!r} is a file; give a folder")
+    return text
+
+
+def input_file(text: str) -> str:
+    """An argparse type for a file a command reads: it exists and is not a folder."""
+    path = Path(text).expanduser()
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder; give the path of a file")
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text}: no such file")
+    return text
 
 
 def add_accountant_argument(parser: argparse.ArgumentParser) -> None:
@@ -93,7 +127,9 @@ def add_common_arguments(
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments that describe a training run (shared by ``train`` and ``audit``)."""
-    parser.add_argument("--config", metavar="FILE.toml", help="a TOML run configuration")
+    parser.add_argument(
+        "--config", type=input_file, metavar="FILE.toml", help="a TOML run configuration"
+    )
     parser.add_argument(
         "--dataset",
         help="digits, mnist, fashion-mnist, cifar10, cifar100, "

@@ -2,16 +2,15 @@
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
 from dpvision.cli.arguments import (
     add_run_arguments,
+    output_file,
     positive_float,
     run_flags,
     whole_number,
 )
-from dpvision.errors import DPVisionError
 
 
 def add_parser(commands: Any) -> None:
@@ -81,12 +80,15 @@ def add_parser(commands: Any) -> None:
         metavar="F",
         help="share of phase II runs that choose the threshold (default 0.1)",
     )
-    audit.add_argument("--histogram", metavar="FILE.png", help="write the loss histogram here")
+    audit.add_argument(
+        "--histogram", type=output_file, metavar="FILE.png", help="write the loss histogram here"
+    )
     audit.add_argument("--quiet", action="store_true", help="no progress bar")
     audit.add_argument(
         "--json",
         nargs="?",
         const="-",
+        type=output_file,
         metavar="FILE",
         help="print the report as JSON (or write it to FILE)",
     )
@@ -98,10 +100,6 @@ def run(args: argparse.Namespace) -> None:
     from dpvision.audit.canaries import CANARIES
     from dpvision.fileio import write_json_atomic
 
-    for path in (args.histogram, None if args.json == "-" else args.json):
-        folder = Path(path).parent if path else None
-        if folder is not None and str(folder) and not folder.is_dir():
-            raise DPVisionError(f"cannot write {path}: folder {folder} does not exist")
     config, default_sweep = audit_config(args.config, run_flags(args), args.set)
     if args.sweep is None:
         sweep = default_sweep

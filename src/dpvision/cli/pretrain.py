@@ -4,9 +4,7 @@ import argparse
 import time
 from typing import Any
 
-from dpvision.cli.arguments import (
-    whole_number,
-)
+from dpvision.cli.arguments import input_file, output_file, whole_number
 from dpvision.data.synthetic import write_preview
 
 
@@ -19,8 +17,12 @@ def add_pretrain_parser(commands: Any) -> None:
         "`dpvision train --method dp-randp --set learner.encoder=FILE` or "
         "`--features encoder:path=FILE`. Uses no private data and costs no privacy.",
     )
-    pretrain.add_argument("--out", required=True, metavar="FILE", help="the encoder file")
-    pretrain.add_argument("--config", metavar="FILE.toml", help="a TOML file of options")
+    pretrain.add_argument(
+        "--out", type=output_file, required=True, metavar="FILE", help="the encoder file"
+    )
+    pretrain.add_argument(
+        "--config", type=input_file, metavar="FILE.toml", help="a TOML file of options"
+    )
     pretrain.add_argument("--model", help="tanh-cnn, wrn-DEPTH-WIDTH, … (default tanh-cnn)")
     pretrain.add_argument(
         "--synthetic", metavar="KIND", help="the generator (see `dpvision synth --help`)"
@@ -41,9 +43,14 @@ def add_pretrain_parser(commands: Any) -> None:
         help="any other option, e.g. --set learning_rate=0.06",
     )
     pretrain.add_argument(
-        "--checkpoint", metavar="FILE", help="resume from FILE if it exists; write it as it runs"
+        "--checkpoint",
+        type=output_file,
+        metavar="FILE",
+        help="resume from FILE if it exists; write it as it runs",
     )
-    pretrain.add_argument("--json", metavar="FILE", help="write a summary JSON here")
+    pretrain.add_argument(
+        "--json", type=output_file, metavar="FILE", help="write a summary JSON here"
+    )
     pretrain.add_argument("--quiet", action="store_true", help="no progress messages")
 
 
@@ -106,7 +113,9 @@ def add_synth_parser(commands: Any) -> None:
     )
     synth.add_argument("--kind", required=True, help=", ".join(SYNTHETIC_KINDS))
     synth.add_argument("--n", type=whole_number, default=64, help="images (default 64)")
-    synth.add_argument("--out", required=True, metavar="FILE.png", help="the PNG to write")
+    synth.add_argument(
+        "--out", type=output_file, required=True, metavar="FILE.png", help="the PNG to write"
+    )
     synth.add_argument("--size", type=whole_number, default=32, help="image side (default 32)")
     synth.add_argument("--channels", type=whole_number, default=3, help="1 or 3 (default 3)")
     synth.add_argument("--seed", type=whole_number, default=0, help="random seed")

@@ -11,6 +11,7 @@ from dpvision.cli.arguments import (
     ceil_sig,
 )
 from dpvision.errors import DPVisionError
+from dpvision.log import say
 
 
 def _accountants_for(sample_rate: float, chosen: str | None) -> list[Any]:
@@ -49,11 +50,15 @@ def _print_table(title: str, header: tuple[str, ...], rows: list[tuple[str, ...]
 
 
 def _table_rows(
-    accountants: list[Any], sample_rate: float, row: Callable[[Any], tuple[str, ...]]
+    accountants: list[Any],
+    sample_rate: float,
+    row: Callable[[Any], tuple[str, ...]],
+    search: bool = False,
 ) -> list[tuple[str, ...]]:
     """One row per accountant; an accountant that cannot answer gets its reason in the row.
 
     When none can answer, the first error is raised, so the command fails with exit code 2.
+    ``search``: each row is a search over σ or T (seconds each), announced on stderr.
     """
     rows, errors = [], []
     for accountant in accountants:
@@ -61,12 +66,20 @@ def _table_rows(
         if reason:
             rows.append((accountant.value, reason))
             continue
+        if search:
+            say(f"searching with the {accountant.value} accountant…")
         try:
             rows.append((accountant.value, *row(accountant)))
         except DPVisionError as error:
             errors.append(error)
             rows.append((accountant.value, f"n/a: {str(error).split(';')[0]}"))
-    if len(errors) == len([a for a in accountants if not _not_applicable(a, sample_rate)]):
+    applicable = [a for a in accountants if not _not_applicable(a, sample_rate)]
+    if not applicable:
+        raise DPVisionError(
+            f"--accountant {accountants[0].value} is exact only for full batch "
+            f"(--sample-rate 1), not q = {sample_rate:g}; use pld or rdp"
+        )
+    if len(errors) == len(applicable):
         raise errors[0]
     width = max(len(r) for r in rows)
     return [r + ("",) * (width - len(r)) for r in rows]
@@ -129,6 +142,7 @@ def _run_noise(args: argparse.Namespace) -> dict[str, Any] | None:
 
     if args.json:
         accountant = _default_for(args.sample_rate, args.accountant)
+        say(f"searching with the {accountant.value} accountant…")
         sigma, epsilon = calibrate(accountant)
         return {
             "noise_multiplier": sigma,
@@ -150,7 +164,9 @@ def _run_noise(args: argparse.Namespace) -> dict[str, Any] | None:
         )
         return shown, ceil_sig(compute_epsilon(event, delta=args.delta, accountant=accountant))
 
-    rows = _table_rows(_accountants_for(args.sample_rate, args.accountant), args.sample_rate, row)
+    rows = _table_rows(
+        _accountants_for(args.sample_rate, args.accountant), args.sample_rate, row, search=True
+    )
     _print_table(
         f"noise multiplier for ε ≤ {args.epsilon:g}, δ = {args.delta:g}, "
         f"q = {args.sample_rate:g}, T = {args.steps} (add/remove-one adjacency):",
@@ -179,6 +195,7 @@ def _run_steps(args: argparse.Namespace) -> dict[str, Any] | None:
 
     if args.json:
         accountant = _default_for(args.sample_rate, args.accountant)
+        say(f"searching with the {accountant.value} accountant…")
         steps, epsilon = solve(accountant)
         return {
             "steps": steps,
@@ -195,7 +212,9 @@ def _run_steps(args: argparse.Namespace) -> dict[str, Any] | None:
         steps, epsilon = solve(accountant)
         return str(steps), ceil_sig(epsilon)
 
-    rows = _table_rows(_accountants_for(args.sample_rate, args.accountant), args.sample_rate, row)
+    rows = _table_rows(
+        _accountants_for(args.sample_rate, args.accountant), args.sample_rate, row, search=True
+    )
     _print_table(
         f"steps within ε ≤ {args.epsilon:g}, δ = {args.delta:g} for σ = "
         f"{args.noise_multiplier:g}, q = {args.sample_rate:g} (add/remove-one adjacency):",

@@ -3,10 +3,7 @@
 import argparse
 from typing import Any
 
-from dpvision.cli.arguments import (
-    number_list,
-    whole_list,
-)
+from dpvision.cli.arguments import input_file, number_list, output_file, output_folder, whole_list
 from dpvision.report import report, sweep
 
 
@@ -15,17 +12,25 @@ def add_parsers(commands: Any) -> None:
         "sweep",
         help="run configs over a grid of target ε and seeds; one result JSON per run",
         description="Runs each --config at every target ε of --epsilons and every seed of "
-        "--seeds, writing one result JSON per run into --out (runs already there are kept, "
-        "so an interrupted sweep resumes). Then: dpvision report OUT.",
+        "--seeds, writing one result JSON per run into --out. A run already there is kept "
+        "when the same resolved config made it (an interrupted sweep resumes) and rerun "
+        "otherwise. Then: dpvision report OUT.",
     )
     sweep.add_argument(
-        "--config", action="append", required=True, metavar="FILE.toml", help="repeatable"
+        "--config",
+        action="append",
+        type=input_file,
+        required=True,
+        metavar="FILE.toml",
+        help="repeatable",
     )
     sweep.add_argument(
         "--epsilons", type=number_list, required=True, metavar="E1,E2,...", help="target ε"
     )
     sweep.add_argument("--seeds", type=whole_list, default=[0], metavar="S1,S2,...")
-    sweep.add_argument("--out", required=True, metavar="DIR", help="folder for the JSONs")
+    sweep.add_argument(
+        "--out", type=output_folder, required=True, metavar="DIR", help="folder for the JSONs"
+    )
     sweep.add_argument("--data-dir", metavar="DIR", help="folder with the dataset's files")
     sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     sweep.add_argument("--quiet", action="store_true")
@@ -39,12 +44,16 @@ def add_parsers(commands: Any) -> None:
     )
     report.add_argument("results", nargs="+", metavar="RESULTS_DIR")
     report.add_argument(
-        "--out", metavar="FILE.md", help="default: report.md in the first RESULTS_DIR"
+        "--out",
+        type=output_file,
+        metavar="FILE.md",
+        help="default: report.md in the first RESULTS_DIR",
     )
     report.add_argument(
         "--references",
         nargs="+",
         default=[],
+        type=input_file,
         metavar="CONFIG.toml",
         help="configs whose [reference] published points are plotted as well",
     )

@@ -1,13 +1,9 @@
 """``dpvision train``."""
 
 import argparse
-from pathlib import Path
 from typing import Any
 
-from dpvision.cli.arguments import (
-    add_run_arguments,
-    run_flags,
-)
+from dpvision.cli.arguments import add_run_arguments, output_file, run_flags
 from dpvision.errors import DPVisionError
 
 
@@ -26,13 +22,9 @@ def run(args: argparse.Namespace) -> None:
     if args.phase2_fraction is not None:
         sets.append(f"learner.phase2_fraction={args.phase2_fraction!r}")
     config = resolve(args.config, flags, sets)
-    if args.json:  # fail on an unwritable path before training, not after
-        folder = Path(args.json).parent
-        if str(folder) and not folder.is_dir():
-            raise DPVisionError(f"cannot write {args.json}: folder {folder} does not exist")
     workers = _join_torchrun()
     try:
-        result = run_training(config, quiet=args.quiet, checkpoint=args.checkpoint)
+        result = run_training(config, quiet=args.quiet, checkpoint=args.checkpoint, save=args.save)
     except DPVisionError as error:
         needs = config.reference.get("needs")
         if needs and args.config:
@@ -54,6 +46,8 @@ def run(args: argparse.Namespace) -> None:
     print(summary(result))
     if args.json:
         print(f"result written to {args.json}")
+    if args.save:
+        print(f"model written to {args.save} (dpvision predict {args.save} IMAGES)")
 
 
 def _join_torchrun() -> Any:
@@ -74,9 +68,19 @@ def add_parser(commands: Any) -> None:
         "on scikit-learn's digits at ε = 3, which needs no download.",
     )
     add_run_arguments(train)
-    train.add_argument("--json", metavar="FILE", help="write the result JSON here")
+    train.add_argument(
+        "--json", type=output_file, metavar="FILE", help="write the result JSON here"
+    )
+    train.add_argument(
+        "--save",
+        type=output_file,
+        metavar="MODEL",
+        help="write the trained model (weights, feature and preprocessing spec, ledger) "
+        "here; use it with dpvision predict / evaluate or dpvision.load_model",
+    )
     train.add_argument(
         "--checkpoint",
+        type=output_file,
         metavar="FILE",
         help="dp-sgd, dp-randp: resume from FILE if it exists; write it every "
         "learner.checkpoint_every "

@@ -19,7 +19,7 @@ import numpy as np
 
 from dpvision.errors import DPVisionError
 
-__all__ = ["IMAGE_SUFFIXES", "load_image_folder"]
+__all__ = ["IMAGE_SUFFIXES", "image_files", "load_image_folder", "read_images"]
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg"})
 """File suffixes (lower case) that are read as images."""
@@ -98,6 +98,39 @@ def load_image_folder(
             images = np.zeros((0, height, width, 1 if grayscale else 3), dtype=np.uint8)
         out.extend([images, np.array([label for _, label in entries], dtype=np.int64)])
     return out[0], out[1], out[2], out[3], classes
+
+
+def image_files(path: Path) -> list[Path]:
+    """The image files at ``path``: the file itself, or a folder's images (recursively,
+    sorted by path)."""
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise DPVisionError(f"{path}: no such file or folder")
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    if not files:
+        raise DPVisionError(f"{path}: no .png/.jpg/.jpeg images in this folder")
+    return files
+
+
+def read_images(paths: list[Path], channels: int) -> np.ndarray:
+    """Decodes image files to ``uint8`` ``(N, H, W, C)`` with ``channels`` 1 (grayscale) or
+    3 (RGB); all must have the same size."""
+    try:
+        # local import: start-up time
+        from PIL import Image
+    except ImportError as exc:
+        raise DPVisionError(
+            "reading images needs Pillow; install it with: pip install pillow"
+        ) from exc
+    arrays = [_pixels(Image, path, "L" if channels == 1 else "RGB") for path in paths]
+    sizes = {a.shape for a in arrays}
+    if len(sizes) > 1:
+        raise DPVisionError(
+            f"the images have different sizes ({', '.join(sorted(str(s[:2]) for s in sizes))}); "
+            "resize them to one size"
+        )
+    return np.stack(arrays)
 
 
 def _list_images(split_dir: Path, classes: tuple[str, ...]) -> list[tuple[Path, int]]:

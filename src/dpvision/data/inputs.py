@@ -99,7 +99,8 @@ class TrainingData:
     ``train_x`` and ``test_x`` are model inputs (N, C, H, W): a tensor, or
     :class:`LazyInputs` converted a batch at a time. ``ledger`` holds the private
     preprocessing that made them (empty for pixels); ``num_classes`` is public (config or
-    registry), never read off the labels.
+    registry), never read off the labels. ``validation_x``/``validation_y``: the rows held
+    out of the training data (:mod:`dpvision.data.validation`), or None.
     """
 
     name: str
@@ -109,3 +110,7 @@ class TrainingData:
     test_y: torch.Tensor
     num_classes: int
     ledger: PrivacyLedger
+    validation_x: torch.Tensor | LazyInputs | None = None
+    validation_y: torch.Tensor | None = None
+    image_shape: tuple[int, ...] | None = None  # (H, W, C) of the images the inputs come from
+    class_names: tuple[str, ...] | None = None

@@ -37,6 +37,35 @@ class PreprocessingConfig:
 PREPROCESSING = ("none", "group-norm", "private-norm", "center")
 
 
+@dataclass(frozen=True)
+class FittedPreprocessing:
+    """A run's preprocessing after it was fitted: applies to any features, e.g. the test set
+    or new images at prediction time (:mod:`dpvision.runs.saved`).
+
+    ``statistics`` are the released statistics (``mean``, and ``var`` for
+    ``private-norm``): post-processing of the noisy releases recorded in the run's ledger,
+    so keeping or publishing them costs nothing more.
+    """
+
+    config: PreprocessingConfig
+    channels: int
+    statistics: dict[str, np.ndarray]
+
+    def transform(self, features: np.ndarray) -> np.ndarray:
+        kind = self.config.kind
+        if kind == "none":
+            return features
+        if kind == "group-norm":
+            return group_normalize(features, channels=self.channels, groups=self.config.groups)
+        if kind == "private-norm":
+            normalizer = PrivateNormalizer(channels=self.channels, noise_multiplier=0.0)
+            normalizer.mean_, normalizer.var_ = self.statistics["mean"], self.statistics["var"]
+            return normalizer.transform(features)
+        centering = PrivateCentering(clip_norm=self.config.clip_norm, noise_multiplier=0.0)
+        centering.mean_ = self.statistics["mean"]
+        return centering.transform(features)
+
+
 def preprocess(
     pre: PreprocessingConfig,
     train: np.ndarray,
@@ -46,8 +75,9 @@ def preprocess(
     seed: int,
     *,
     noise_off: bool = False,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Applies ``pre`` to train and test features, recording private steps in ``ledger``.
+) -> tuple[np.ndarray, np.ndarray, FittedPreprocessing]:
+    """Applies ``pre`` to train and test features, recording private steps in ``ledger``;
+    returns them and the fitted preprocessing (for new features).
 
     ``noise_off``: the run is a non-private baseline (ε = ∞ or σ = 0); the private
     statistics are then computed without noise and recorded as non-private.
@@ -60,13 +90,7 @@ def preprocess(
     """
     sigma = 0.0 if noise_off else pre.noise_multiplier
     generator = torch.Generator().manual_seed(seed)
-    if pre.kind == "none":
-        return train, test
-    if pre.kind == "group-norm":
-        return (
-            group_normalize(train, channels=channels, groups=pre.groups),
-            group_normalize(test, channels=channels, groups=pre.groups),
-        )
+    statistics: dict[str, np.ndarray] = {}
     if pre.kind == "private-norm":
         normalizer = PrivateNormalizer(
             channels=channels,
@@ -75,7 +99,10 @@ def preprocess(
             square_clip=pre.square_clip,
         )
         normalizer.fit(train, ledger=ledger, generator=generator)
-        return normalizer.transform(train), normalizer.transform(test)
-    centering = PrivateCentering(clip_norm=pre.clip_norm, noise_multiplier=sigma)
-    centering.fit(train, ledger=ledger, generator=generator)
-    return centering.transform(train), centering.transform(test)
+        statistics = {"mean": normalizer.mean_, "var": normalizer.var_}
+    elif pre.kind == "center":
+        centering = PrivateCentering(clip_norm=pre.clip_norm, noise_multiplier=sigma)
+        centering.fit(train, ledger=ledger, generator=generator)
+        statistics = {"mean": centering.mean_}
+    fitted = FittedPreprocessing(pre, channels, statistics)
+    return fitted.transform(train), fitted.transform(test), fitted

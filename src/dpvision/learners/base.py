@@ -154,6 +154,16 @@ class DPLinearClassifier(ClassifierMixin, BaseEstimator, abc.ABC):  # type: igno
     num_classes: int | None
     chunk_size: int
 
+    def check_params(self) -> None:
+        """One-line errors for option values out of range, before any data is read
+        (``dpvision train`` calls it when it validates the config)."""
+        for name in ("clip_norm", "covariance_clip_norm"):
+            value = getattr(self, name, 1.0)
+            if not (isinstance(value, int | float) and 0 < value < math.inf):
+                raise DPVisionError(f"{name} must be a number > 0, got {value!r}")
+        if not (isinstance(self.chunk_size, int) and self.chunk_size >= 1):
+            raise DPVisionError(f"chunk_size must be a whole number >= 1, got {self.chunk_size!r}")
+
     @abc.abstractmethod
     def _releases(self, n: int, d: int, m: int) -> tuple[int, float]:
         """(number of Gaussian releases at one common σ, their Poisson sample rate)."""
@@ -187,6 +197,7 @@ class DPLinearClassifier(ClassifierMixin, BaseEstimator, abc.ABC):  # type: igno
           already ran on the same data (e.g. private normalisation) and counts against
           ``target_epsilon``.
         """
+        self.check_params()
         y = np.asarray(y)
         if not np.issubdtype(y.dtype, np.integer):
             raise DPVisionError(f"labels must be integers 0..m-1, got dtype {y.dtype}")

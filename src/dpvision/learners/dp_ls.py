@@ -15,6 +15,7 @@ import math
 import numpy as np
 import torch
 
+from dpvision.errors import DPVisionError
 from dpvision.learners.base import DPLinearClassifier, PrivateFit
 from dpvision.learners.linalg import solve_psd, symmetrize
 from dpvision.learners.statistics import (
@@ -80,6 +81,15 @@ class DPLeastSquares(DPLinearClassifier):
         self.num_classes = num_classes
         self.chunk_size = chunk_size
         self.max_block_bytes = max_block_bytes
+
+    def check_params(self) -> None:
+        super().check_params()
+        if self.ridge != "auto" and not (
+            isinstance(self.ridge, int | float) and 0 <= self.ridge < math.inf
+        ):
+            raise DPVisionError(f'ridge must be "auto" or a number >= 0, got {self.ridge!r}')
+        if not (isinstance(self.alpha, int | float) and 0 <= self.alpha < math.inf):
+            raise DPVisionError(f"alpha must be a number >= 0, got {self.alpha!r}")
 
     def _releases(self, n: int, d: int, m: int) -> tuple[int, float]:
         return 3, 1.0

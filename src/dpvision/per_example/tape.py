@@ -63,6 +63,7 @@ class ActivationTape:
         self.edges: list[GradientEdge] = []
         self._edge_owners: list[tuple[nn.Module, int]] = []
         self._handles: list[Any] = []
+        self._paused = False
         # Whole gradients of the parameters, captured on passes that verify book-keeping.
         self.parameter_grads: dict[str, torch.Tensor] | None = None
         self._parameter_handles: list[Any] = []
@@ -132,10 +133,19 @@ class ActivationTape:
         """The passes (indices into ``pass_rows``) whose layer calls received gradients."""
         return sorted({self.call_pass[m][i] for m, grads in self.grads.items() for i in grads})
 
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Nothing is recorded in the ``with`` block (an evaluation pass)."""
+        self._paused, before = True, self._paused
+        try:
+            yield
+        finally:
+            self._paused = before
+
     def _record(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
     ) -> None:
-        if not (torch.is_grad_enabled() and isinstance(output, torch.Tensor)):
+        if self._paused or not (torch.is_grad_enabled() and isinstance(output, torch.Tensor)):
             return
         if not output.requires_grad:
             return

@@ -20,11 +20,12 @@ class PrivateModule(nn.Module):
     ``forward`` is the wrapped module's; the module itself is ``_module`` (as in Opacus'
     ``GradSampleModule``), so its ``state_dict`` keys carry a ``_module.`` prefix.
 
-    Each forward pass with autograd on is one pass over the examples of its first tensor
-    argument (rows first, K consecutive rows per example). The first pass of every input
-    shape is probed (:mod:`dpvision.per_example.batch_layout`): a layer that does not see one
-    row per example, or an output that mixes examples, is refused there, and the coming
-    backward pass checks that every parameter gets its whole gradient through its layer.
+    Each forward pass in training mode with autograd on is one pass over the examples of
+    its first tensor argument (rows first, K consecutive rows per example). The first pass
+    of every input shape is probed (:mod:`dpvision.per_example.batch_layout`): a layer that
+    does not see one row per example, or an output that mixes examples, is refused there,
+    and the coming backward pass checks that every parameter gets its whole gradient
+    through its layer. In evaluation mode nothing is recorded and any batch size is fine.
     """
 
     def __init__(self, module: nn.Module, tape: ActivationTape, views: int) -> None:
@@ -36,9 +37,14 @@ class PrivateModule(nn.Module):
         self._same_examples = False
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """Calls the wrapped module; with K views, rows must come in whole examples."""
-        if not torch.is_grad_enabled():  # evaluation: nothing is recorded
-            return self._module(*args, **kwargs)
+        """Calls the wrapped module; with K views, rows must come in whole examples.
+
+        In evaluation mode (``model.eval()``) or under ``torch.no_grad()`` it is the plain
+        module: any batch size, nothing recorded.
+        """
+        if not torch.is_grad_enabled() or not self.training:
+            with self._tape.paused():
+                return self._module(*args, **kwargs)
         batch = batch_tensor(args, kwargs)
         if batch is None or batch.dim() == 0:
             raise DPVisionError(

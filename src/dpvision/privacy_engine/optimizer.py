@@ -1,6 +1,7 @@
 """The optimizer wrapper: clipped sum per physical chunk, the one DP-SGD update per logical
 batch (:func:`dpvision.training.engine.noisy_step`)."""
 
+import copy
 import warnings
 from typing import Any
 
@@ -87,6 +88,25 @@ class DPOptimizer(torch.optim.Optimizer):
         self._chunk: tuple[int, bool] | None = None
         self._pending: int | None = None  # the logical batch whose clipped sum is held
         self._batches = 0
+
+    def ema_model(self) -> nn.Module:
+        """A copy of the module with the averaged (EMA) parameters, in evaluation mode.
+
+        The copy has no recording hooks: use it for evaluation, saving or serving. Its
+        parameters are post-processing of the noisy releases (no privacy cost).
+        """
+        if self.ema is None:
+            raise DPVisionError(
+                "no parameter EMA: pass ema_decay (e.g. 0.999) to PrivacyEngine.make_private"
+            )
+        inert = ActivationTape(nn.Identity())
+        model = copy.deepcopy(self.module, {id(self.tape): inert})
+        for layer in model.modules():  # drop the copied recording hooks, keep any others
+            for key, hook in list(layer._forward_hooks.items()):
+                if getattr(hook, "__self__", None) is inert:
+                    del layer._forward_hooks[key]
+                    layer._forward_hooks_with_kwargs.pop(key, None)
+        return self.ema.copy_to(model).eval()
 
     @property
     def noise_multiplier(self) -> float:

@@ -4,20 +4,23 @@ preprocessing → DP-LS, DP-Newton, DP-FC or DP-SGD-linear → result (DESIGN.md
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from dpvision.accounting import PrivacyLedger, default_accountant, zcdp_epsilon
 from dpvision.accounting.gaussian import is_unsampled_gaussian
 from dpvision.config import TrainConfig
+from dpvision.data.validation import validation_split
 from dpvision.distributed import current
 from dpvision.errors import DPVisionError
 from dpvision.features import feature_shape, load_or_extract, parse_feature_spec
+from dpvision.features.backbone import encoder_digest
 from dpvision.features.precomputed import load_feature_files
-from dpvision.features.preprocessing import preprocess
+from dpvision.features.preprocessing import FittedPreprocessing, preprocess
 from dpvision.learners import LEARNERS
 from dpvision.log import say
+from dpvision.runs.saved import TrainedModel, privacy_of
 
 
 def _seeds(seed: int) -> tuple[int, int]:
@@ -37,7 +40,8 @@ def _channels(config: TrainConfig, dataset: Any, spec: Any) -> int:
 
 def run_features(
     config: TrainConfig, *, quiet: bool, checkpoint: str | Path | None
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], TrainedModel]:
+    """Trains a feature learner; returns the result dict (DESIGN.md) and the model."""
     if checkpoint is not None:
         raise DPVisionError(
             f"--checkpoint is for --method dp-sgd and dp-randp, not {config.method}"
@@ -70,23 +74,35 @@ def run_features(
         f"δ = {config.delta:g})",
         quiet,
     )
-    learner, train, test, prior = fit_learner(
-        config, train, dataset.train_labels, test, channels, dataset.num_classes
-    )
+    train_labels, held = np.asarray(dataset.train_labels), 0
+    if config.validation_fraction:
+        # The held-out rows go through the same (released) preprocessing as the test set.
+        rows, kept = validation_split(len(train_labels), config.validation_fraction, config.seed)
+        validation_labels = train_labels[kept]
+        test = np.concatenate([np.asarray(train[kept]), np.asarray(test)])
+        train, train_labels, held = np.asarray(train[rows]), train_labels[rows], len(kept)
+    fitted = fit_learner(config, train, train_labels, test, channels, dataset.num_classes)
+    learner, train, test, prior = fitted.learner, fitted.train, fitted.test, fitted.prior
+    scores = {}
+    if held:
+        scores["validation_accuracy"] = float(learner.score(test[:held], validation_labels))
+        scores["n_validation"] = held
+        test = test[held:]
     accuracy = float(learner.score(test, dataset.test_labels))
     own = learner.privacy_ledger_.entries[len(prior.entries) :] or learner.privacy_ledger_.entries
-    return {
+    result = {
         "dataset": dataset.name,
         "method": config.method,
         "features": config.features,
         "test_accuracy": accuracy,
+        **scores,
         "epsilon": learner.epsilon_,
         "delta": config.delta,
         "accountant": config.accountant or _auto_accountant(learner.privacy_ledger_),
         "noise_multiplier": learner.noise_multiplier_,
         "steps": learner.privacy_ledger_.total_count - prior.total_count,
         "sample_rate": own[-1].sample_rate,
-        "n_train": int(dataset.num_train),
+        "n_train": len(train_labels),
         "n_test": int(dataset.num_test),
         "num_features": int(train.shape[1]),
         "seed": config.seed,
@@ -96,6 +112,31 @@ def run_features(
         "privacy_ledger": learner.privacy_ledger_.to_dict()["entries"],
         "config": config.to_dict(),
     }
+    model = TrainedModel(
+        method=config.method,
+        dataset=dataset.name,
+        num_classes=int(dataset.num_classes),
+        image_shape=None if spec.name == "precomputed" else tuple(dataset.train_images.shape[1:]),
+        features=config.features,
+        preprocessing=fitted.preprocessing,
+        privacy=privacy_of(result),
+        config=config.to_dict(),
+        coef=learner.coef_,
+        intercept=learner.intercept_,
+        encoder_sha256=encoder_digest(str(spec.path)) if spec.name == "encoder" else None,
+        class_names=getattr(dataset, "class_names", None),
+    )
+    return result, model
+
+
+class FittedLearner(NamedTuple):
+    """What :func:`fit_learner` returns."""
+
+    learner: Any  # the fitted DPLinearClassifier
+    train: np.ndarray  # the preprocessed training features
+    test: np.ndarray  # the preprocessed held-out features
+    prior: PrivacyLedger  # the ledger of the preprocessing alone
+    preprocessing: FittedPreprocessing
 
 
 def fit_learner(
@@ -105,12 +146,11 @@ def fit_learner(
     test: np.ndarray,
     channels: int,
     num_classes: int,
-) -> tuple[Any, np.ndarray, np.ndarray, PrivacyLedger]:
+) -> FittedLearner:
     """Private preprocessing and the feature learner of ``config``, fitted on ``train``.
 
     The one path from features to a fitted learner: ``dpvision train`` and ``dpvision
-    audit`` both call it. Returns (the fitted learner, the preprocessed train and test
-    features, the ledger of the preprocessing alone).
+    audit`` both call it.
 
     Privacy:
       Releases the model and the preprocessing statistics (see :func:`preprocess`), all
@@ -119,7 +159,7 @@ def fit_learner(
     """
     preprocessing_seed, learner_seed = _seeds(config.seed)
     ledger = PrivacyLedger()
-    train, test = preprocess(
+    train, test, fitted = preprocess(
         config.preprocessing,
         train,
         test,
@@ -142,7 +182,7 @@ def fit_learner(
         learner.fit(train, train_labels, prior_ledger=ledger)
     except TypeError as error:  # a learner option of the wrong type
         raise DPVisionError(f"learner options for {config.method}: {error}") from None
-    return learner, train, test, ledger
+    return FittedLearner(learner, train, test, ledger, fitted)
 
 
 def _zcdp_figure(ledger: PrivacyLedger, delta: float) -> float | None:

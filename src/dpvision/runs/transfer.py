@@ -55,6 +55,9 @@ def transfer_plan(
     assert isinstance(data.test_x, LazyInputs)
     data.train_x = data.train_x.map(info.normalize)
     data.test_x = data.test_x.map(info.normalize)
+    if data.validation_x is not None:
+        assert isinstance(data.validation_x, LazyInputs)
+        data.validation_x = data.validation_x.map(info.normalize)
     phase2 = phase2_steps_for(
         options,
         sigma,

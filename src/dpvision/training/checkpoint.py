@@ -23,7 +23,7 @@ import torch
 from dpvision.accounting import PrivacyLedger
 from dpvision.distributed import Workers
 from dpvision.errors import DPVisionError
-from dpvision.fileio import atomic_open, load_torch
+from dpvision.fileio import atomic_open, differing_keys, load_torch
 from dpvision.mechanisms import PoissonSampler
 from dpvision.training.engine import ParameterEMA
 
@@ -105,8 +105,7 @@ def resume(
     """
     payload = (workers or Workers()).from_main(lambda: read_checkpoint(path))
     if payload["fingerprint"] != fingerprint(settings):
-        ours, theirs = _flatten(settings), _flatten(payload["config"])
-        differ = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
+        differ = differing_keys(settings, payload["config"])
         raise DPVisionError(
             f"checkpoint {path} was written by a different configuration (differs in: "
             f"{', '.join(differ) or 'unknown'}); resume with the same config, or give another "
@@ -132,13 +131,3 @@ def state_digest(model: torch.nn.Module) -> str:
         digest.update(name.encode())
         digest.update(value.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
-
-
-def _flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out

@@ -130,6 +130,13 @@ class ParameterEMA:
             self.shadow[name].mul_(mu).add_(param.detach(), alpha=1 - mu)
         self.step += 1
 
+    @torch.no_grad()
+    def copy_to(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Writes the averaged parameters into ``model`` (a copy of the averaged module)."""
+        for name, param in model.named_parameters():
+            param.copy_(self.shadow[name])
+        return model
+
     def state_dict(self) -> dict[str, object]:
         """The decay, the step count and the averaged parameters, for checkpoints."""
         return {"decay": self.decay, "step": self.step, "shadow": dict(self.shadow)}

@@ -1,7 +1,8 @@
-"""Test accuracy of the raw and the averaged (EMA) parameters, shared across ranks.
+"""Test or validation accuracy of the raw and the averaged (EMA) parameters, shared
+across ranks.
 
-Privacy: the test set is not private training data; nothing here touches the training
-examples.
+Privacy: neither the test set nor the validation split is trained on; nothing here touches
+the training examples.
 """
 
 import torch
@@ -37,17 +38,19 @@ def evaluate(
     data: TrainingData,
     batch_size: int,
     workers: Workers | None = None,
+    split: str = "test",
 ) -> dict[str, float]:
-    """Test accuracy of the raw parameters and, with an EMA, of the averaged ones.
+    """Accuracy on ``split`` (``test`` or ``validation``) of the raw parameters and, with an
+    EMA, of the averaged ones: ``{split}_accuracy`` and ``{split}_accuracy_ema``.
 
-    Privacy: the test set is not private training data; nothing here touches the
-    training examples.
+    Privacy: neither split is trained on; the accuracies are exact statistics of the
+    held-out examples (see :mod:`dpvision.data.validation`), not of the training examples.
     """
     workers = workers or Workers()
-    batch = batch_size
-    out = {"test_accuracy": accuracy(model, None, data.test_x, data.test_y, batch, workers)}
+    x, y = (data.test_x, data.test_y) if split == "test" else (data.validation_x, data.validation_y)
+    if x is None or y is None:
+        raise ValueError(f"no {split} split")
+    out = {f"{split}_accuracy": accuracy(model, None, x, y, batch_size, workers)}
     if ema is not None:
-        out["test_accuracy_ema"] = accuracy(
-            model, ema.shadow, data.test_x, data.test_y, batch, workers
-        )
+        out[f"{split}_accuracy_ema"] = accuracy(model, ema.shadow, x, y, batch_size, workers)
     return out

@@ -39,7 +39,7 @@ from dpvision.data.core import images_to_tensor
 from dpvision.data.synthetic import SYNTHETIC_KINDS, generate
 from dpvision.errors import DPVisionError
 from dpvision.features.progress import Progress
-from dpvision.fileio import atomic_open, load_torch
+from dpvision.fileio import atomic_open, differing_keys, load_torch
 from dpvision.models.encoder import EncoderInfo, build_body, save_encoder
 from dpvision.models.registry import parse_model
 from dpvision.training.contrastive import align_uniform_loss, contrastive_views
@@ -133,11 +133,15 @@ class PretrainOptions:
             raise DPVisionError(f"pretrain.learning_rate must be > 0, got {self.learning_rate}")
         return self
 
-    def fingerprint(self) -> str:
-        """A hash of every option that changes the encoder (not ``checkpoint_every``)."""
+    def settings(self) -> dict[str, Any]:
+        """Every option that changes the encoder (all but ``checkpoint_every``)."""
         data = dataclasses.asdict(self)
         data.pop("checkpoint_every")
-        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+        return data
+
+    def fingerprint(self) -> str:
+        """A hash of :meth:`settings`."""
+        return hashlib.sha256(json.dumps(self.settings(), sort_keys=True).encode()).hexdigest()[:16]
 
 
 class ProjectionHead(nn.Module):
@@ -291,7 +295,7 @@ def pretrain(
     )
     views = torch.Generator().manual_seed(seeds["views"])
     info = EncoderInfo(options.model, shape, options.groups, mean, std, {})
-    run = _Session(options.fingerprint(), body, projection, optimizer, views, images)
+    run = _Session(options.settings(), body, projection, optimizer, views, images)
     if checkpoint is not None and Path(checkpoint).exists():
         run.resume(Path(checkpoint))
         _say(f"resumed Phase I from {checkpoint} at step {run.step}", quiet)
@@ -357,7 +361,7 @@ def pretrain(
 class _Session:
     """The state of a Phase I run that a checkpoint holds."""
 
-    fingerprint: str
+    settings: dict[str, Any]  # PretrainOptions.settings()
     body: nn.Module
     projection: nn.Module
     optimizer: torch.optim.Optimizer
@@ -366,12 +370,17 @@ class _Session:
     step: int = 0
     losses: list[dict[str, float]] = dataclasses.field(default_factory=list)
 
+    @property
+    def fingerprint(self) -> str:
+        return hashlib.sha256(json.dumps(self.settings, sort_keys=True).encode()).hexdigest()[:16]
+
     def save(self, path: Path) -> None:
         """Writes the checkpoint atomically."""
 
         payload = {
             "format": PRETRAIN_CHECKPOINT_FORMAT,
             "fingerprint": self.fingerprint,
+            "options": self.settings,
             "body": self.body.state_dict(),
             "projection": self.projection.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -396,9 +405,12 @@ class _Session:
                 f"{path} is not a dpvision Phase I checkpoint; it was left untouched"
             )
         if payload["fingerprint"] != self.fingerprint:
+            theirs = payload.get("options")
+            differ = differing_keys(self.settings, theirs) if isinstance(theirs, dict) else []
             raise DPVisionError(
-                f"checkpoint {path} was written with other Phase I options; resume with the "
-                "same options or give another --checkpoint path (the file is left untouched)"
+                f"checkpoint {path} was written with other Phase I options (differs in: "
+                f"{', '.join(differ) or 'unknown'}); resume with the same options or give "
+                "another --checkpoint path (the file is left untouched)"
             )
         self.body.load_state_dict(payload["body"])
         self.projection.load_state_dict(payload["projection"])

@@ -1,0 +1,118 @@
+"""``dpvision predict`` and ``dpvision evaluate``: a saved model (``train --save``) applied
+to new images or to a dataset's test split."""
+
+import argparse
+import csv
+import io
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpvision.cli.arguments import input_file, output_file
+from dpvision.errors import DPVisionError
+
+
+def add_parsers(commands: Any) -> None:
+    predict = commands.add_parser(
+        "predict",
+        help="classify images with a saved model (dpvision train --save MODEL)",
+        description="Prints (or writes to --out) one CSV row per input: input,label[,class]. "
+        "INPUTS is an image file, a folder of images (.png/.jpg/.jpeg, recursively), or a "
+        ".npy array of uint8 images (N, H, W, C); for a model trained on precomputed "
+        "features, a .npy of feature vectors (N, d). Predictions use only the released "
+        "model: no privacy cost.",
+    )
+    predict.add_argument("model", type=input_file, metavar="MODEL")
+    predict.add_argument("inputs", metavar="INPUTS")
+    predict.add_argument("--out", type=output_file, metavar="FILE.csv", help="default: stdout")
+    evaluate = commands.add_parser(
+        "evaluate",
+        help="accuracy of a saved model on a dataset's test split",
+        description="Loads a saved model and reports its accuracy on the test split of its "
+        "dataset (or --dataset), with the ε it was trained at. The training split is never "
+        "evaluated: its accuracy would be an exact statistic of the private data.",
+    )
+    evaluate.add_argument("model", type=input_file, metavar="MODEL")
+    evaluate.add_argument("--dataset", help="default: the dataset the model was trained on")
+    evaluate.add_argument("--data-dir", metavar="DIR", help="folder with the dataset's files")
+    evaluate.add_argument("--json", type=output_file, metavar="FILE", help="write a JSON here")
+
+
+def run_predict(args: argparse.Namespace) -> None:
+    # local import: start-up time
+    from dpvision.data.imagefolder import image_files, read_images
+    from dpvision.data.npzfiles import read_npy
+    from dpvision.fileio import atomic_open
+    from dpvision.runs.saved import load_model
+
+    model = load_model(args.model)
+    source = Path(args.inputs)
+    if source.suffix == ".npy" and source.is_file():
+        inputs = np.asarray(read_npy(source, mmap=False, fix="save a NumPy array with np.save"))
+        names = [f"{source.name}[{i}]" for i in range(len(inputs))]
+    elif model.image_shape is None:
+        raise DPVisionError(
+            f"this model takes feature vectors ({model.features}): give a .npy of shape (N, d)"
+        )
+    else:
+        files = image_files(source)
+        inputs = read_images(files, channels=model.image_shape[-1])
+        names = [str(f) for f in files]
+    labels = model.predict(inputs)
+    classes = model.class_names
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(["input", "label", *(["class"] if classes else [])])
+    for name, label in zip(names, labels, strict=True):
+        writer.writerow([name, int(label), *([classes[label]] if classes else [])])
+    if args.out:
+        with atomic_open(args.out) as out:
+            out.write(text.getvalue())
+        print(f"{len(labels)} predictions written to {args.out}")
+    else:
+        sys.stdout.write(text.getvalue())
+
+
+def run_evaluate(args: argparse.Namespace) -> None:
+    # local import: start-up time
+    from dpvision.data.datasets import load_dataset
+    from dpvision.features.precomputed import load_feature_files
+    from dpvision.features.spec import parse_feature_spec
+    from dpvision.fileio import write_json_atomic
+    from dpvision.runs.saved import load_model
+
+    model = load_model(args.model)
+    name = args.dataset or model.dataset
+    config = model.config
+    if model.image_shape is None:
+        path = parse_feature_spec(model.features).path
+        assert path is not None
+        features = load_feature_files(path, name, config.get("num_classes"))
+        inputs, labels = np.asarray(features.test), np.asarray(features.test_labels)
+    else:
+        dataset = load_dataset(
+            name,
+            args.data_dir if args.data_dir is not None else config.get("data_dir"),
+            num_classes=config.get("num_classes"),
+            channels=config.get("image_channels"),
+        )
+        inputs, labels = dataset.test_images, dataset.test_labels
+    accuracy = model.score(inputs, labels)
+    report = {
+        "model": str(args.model),
+        "dataset": name,
+        "split": "test",
+        "n": len(labels),
+        "accuracy": accuracy,
+        "method": model.method,
+        "epsilon": model.epsilon,
+        "delta": model.delta,
+    }
+    if args.json:
+        write_json_atomic(args.json, report)
+    print(
+        f"test accuracy {100 * accuracy:.2f} % on {name} ({len(labels)} images); "
+        f"{model.method} trained at ε = {model.epsilon:.4g}, δ = {model.delta:g}"
+    )

@@ -1,0 +1,308 @@
+"""A trained private classifier in one file, used again: ``dpvision train --save MODEL``,
+``dpvision predict``, ``dpvision evaluate`` and :func:`load_model`.
+
+>>> from dpvision import load_model                                     # doctest: +SKIP
+>>> model = load_model("model.safetensors")                             # doctest: +SKIP
+>>> model.predict(images)          # uint8 (N, H, W, C), as the dataset's  # doctest: +SKIP
+>>> model.epsilon, model.ledger    # what training spent                  # doctest: +SKIP
+
+The file is `safetensors <https://github.com/huggingface/safetensors>`_: the tensors (the
+weights and the released preprocessing statistics), and one JSON document in its metadata
+(key ``dpvision``): the format, the method, how an image becomes the classifier's input (the
+feature spec, the preprocessing, the pixel normalisation), the classifier (a linear map, or
+a named network of :mod:`dpvision.models`), the resolved config, ε, δ and the privacy ledger.
+Loading it runs no code (no pickle). It is written atomically: never half-written.
+
+Privacy: the file holds only what training released — the noisy model (the EMA of the noisy
+iterates where the run kept one), the noisy preprocessing statistics, all post-processing of
+the releases in its ledger — and public facts (config, shapes, public normalisation
+constants). Predictions on new images use nothing else, so they cost no privacy.
+"""
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+from torch import nn
+
+from dpvision.errors import DPVisionError
+from dpvision.features import encoder_digest, extract_features, parse_feature_spec
+from dpvision.features.preprocessing import FittedPreprocessing, PreprocessingConfig
+from dpvision.fileio import atomic_open
+from dpvision.models.registry import build_model
+
+__all__ = ["MODEL_FORMAT", "TrainedModel", "load_model"]
+
+MODEL_FORMAT = "dpvision-model-v1"
+#: Rows pushed through the classifier at once when predicting.
+BATCH = 512
+
+
+@dataclasses.dataclass
+class TrainedModel:
+    """A trained classifier and everything needed to apply it to new images.
+
+    Attributes:
+      method: how it was trained (``dp-ls``, …, ``dp-sgd``, ``dp-randp``).
+      dataset: the dataset it was trained on (its classes are this model's outputs).
+      num_classes: m, the number of outputs.
+      image_shape: (H, W, C) of the uint8 images it takes; ``None`` when it takes feature
+        vectors (``precomputed`` features).
+      features: the feature spec (``pixels``, ``scatternet``, …) images go through.
+      preprocessing: the fitted preprocessing of the features, or ``None`` (networks on
+        pixels).
+      pixel_mean, pixel_std: per-channel normalisation of pixels in [0, 1] before a network
+        (public constants), or ``None``.
+      input_shape: (C, H, W) the network takes (``None`` for a linear model).
+      coef, intercept: the linear model (m × d, m), or ``None``.
+      network: the network (evaluation mode), or ``None``.
+      model_name, groups: how :func:`dpvision.models.registry.build_model` rebuilds it.
+      privacy: ``epsilon``, ``delta``, ``accountant``, ``noise_multiplier`` and
+        ``privacy_ledger`` (every release) of the run.
+      config: the resolved config of the run.
+      encoder_sha256: for ``encoder:`` features, the digest of the encoder file (checked
+        when the model is loaded).
+      class_names: the name of each class, when the dataset has them (public).
+    """
+
+    method: str
+    dataset: str
+    num_classes: int
+    image_shape: tuple[int, ...] | None
+    features: str
+    preprocessing: FittedPreprocessing | None
+    privacy: dict[str, Any]
+    config: dict[str, Any]
+    pixel_mean: tuple[float, ...] | None = None
+    pixel_std: tuple[float, ...] | None = None
+    input_shape: tuple[int, ...] | None = None
+    coef: np.ndarray | None = None
+    intercept: np.ndarray | None = None
+    network: nn.Module | None = None
+    model_name: str | None = None
+    groups: int | None = None
+    encoder_sha256: str | None = None
+    class_names: tuple[str, ...] | None = None
+
+    @property
+    def epsilon(self) -> float:
+        """ε the run spent (at :attr:`delta`)."""
+        return float(self.privacy["epsilon"])
+
+    @property
+    def delta(self) -> float:
+        return float(self.privacy["delta"])
+
+    @property
+    def ledger(self) -> list[dict[str, Any]]:
+        """Every noisy release of the run (the privacy ledger's entries)."""
+        return list(self.privacy["privacy_ledger"])
+
+    # --- inference -------------------------------------------------------------------------
+
+    def decision_function(self, inputs: np.ndarray) -> np.ndarray:
+        """Scores (N, m): uint8 images (N, H, W, C), or feature vectors (N, d) for a model
+        trained on precomputed features."""
+        self._check(inputs)
+        scores = [
+            self._scores(inputs[start : start + BATCH]) for start in range(0, len(inputs), BATCH)
+        ]
+        return np.concatenate(scores) if scores else np.zeros((0, self.num_classes))
+
+    def predict(self, inputs: np.ndarray) -> np.ndarray:
+        """The predicted class of each image (int64, 0 … m−1)."""
+        return self.decision_function(inputs).argmax(axis=1).astype(np.int64)
+
+    def score(self, inputs: np.ndarray, labels: np.ndarray) -> float:
+        """Accuracy on (inputs, labels)."""
+        labels = np.asarray(labels)
+        if len(labels) != len(inputs):
+            raise DPVisionError(f"{len(inputs)} inputs but {len(labels)} labels")
+        return float((self.predict(inputs) == labels).mean()) if len(labels) else math.nan
+
+    def _check(self, inputs: np.ndarray) -> None:
+        if not isinstance(inputs, np.ndarray):
+            raise DPVisionError(f"expected a NumPy array, got {type(inputs).__name__}")
+        if self.image_shape is None:
+            d = None if self.coef is None else self.coef.shape[1]
+            if inputs.ndim != 2 or (d is not None and inputs.shape[1] != d):
+                raise DPVisionError(
+                    f"this model takes feature vectors of shape (N, {d}), got {inputs.shape}"
+                )
+            return
+        expected = (len(inputs), *self.image_shape)
+        if inputs.dtype != np.uint8 or inputs.shape != expected:
+            shape = ", ".join(map(str, self.image_shape))
+            raise DPVisionError(
+                f"this model takes uint8 images of shape (N, {shape}) (H, W, C), as "
+                f"{self.dataset}'s; got {inputs.dtype} {inputs.shape}"
+            )
+
+    @torch.no_grad()
+    def _scores(self, batch: np.ndarray) -> np.ndarray:
+        if self.features == "pixels" and self.network is not None:
+            x = torch.from_numpy(np.ascontiguousarray(batch)).permute(0, 3, 1, 2).float() / 255
+            if self.pixel_mean is not None and self.pixel_std is not None:
+                mean = torch.tensor(self.pixel_mean).view(-1, 1, 1)
+                x = (x - mean) / torch.tensor(self.pixel_std).view(-1, 1, 1)
+        else:
+            if self.image_shape is None:
+                features = np.asarray(batch, dtype=np.float32)
+            else:
+                spec = parse_feature_spec(self.features)
+                features = extract_features(batch, spec, progress=False)
+            if self.preprocessing is not None:
+                features = self.preprocessing.transform(np.asarray(features))
+            if self.network is None:
+                assert self.coef is not None
+                assert self.intercept is not None
+                scores = np.asarray(features, dtype=np.float64) @ self.coef.T + self.intercept
+                return np.asarray(scores)
+            assert self.input_shape is not None
+            x = torch.from_numpy(np.asarray(features, dtype=np.float32)).view(-1, *self.input_shape)
+        assert self.network is not None
+        return self.network(x).double().numpy()
+
+    # --- the file ------------------------------------------------------------------------
+
+    def save(self, path: str | Path) -> None:
+        """Writes the model file atomically (see the module docstring)."""
+        tensors: dict[str, torch.Tensor] = {}
+        if self.coef is not None and self.intercept is not None:
+            tensors["coef"] = torch.from_numpy(np.ascontiguousarray(self.coef))
+            tensors["intercept"] = torch.from_numpy(np.ascontiguousarray(self.intercept))
+        if self.network is not None:
+            for name, value in self.network.state_dict().items():
+                tensors[f"network.{name}"] = value.detach().cpu().contiguous()
+        preprocessing = None
+        if self.preprocessing is not None:
+            for name, value in self.preprocessing.statistics.items():
+                tensors[f"preprocessing.{name}"] = torch.from_numpy(np.ascontiguousarray(value))
+            preprocessing = {
+                "config": dataclasses.asdict(self.preprocessing.config),
+                "channels": self.preprocessing.channels,
+            }
+        document = {
+            "format": MODEL_FORMAT,
+            "method": self.method,
+            "dataset": self.dataset,
+            "num_classes": self.num_classes,
+            "image_shape": self.image_shape,
+            "features": self.features,
+            "encoder_sha256": self.encoder_sha256,
+            "preprocessing": preprocessing,
+            "pixel_mean": self.pixel_mean,
+            "pixel_std": self.pixel_std,
+            "input_shape": self.input_shape,
+            "model_name": self.model_name,
+            "groups": self.groups,
+            "privacy": self.privacy,
+            "config": self.config,
+            "class_names": self.class_names,
+        }
+        data = save_safetensors(tensors, metadata={"dpvision": json.dumps(document)})
+        with atomic_open(path, "wb") as out:
+            out.write(data)
+
+
+def load_model(path: str | Path) -> TrainedModel:
+    """The model saved at ``path`` by ``dpvision train --save`` (no code is run).
+
+    Raises:
+      DPVisionError: the file is missing, not a dpvision model, or damaged (one line).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DPVisionError(f"{path}: no such model file")
+    raw = path.read_bytes()
+    try:
+        tensors = load_safetensors(raw)
+        header_size = int.from_bytes(raw[:8], "little")
+        metadata = json.loads(raw[8 : 8 + header_size]).get("__metadata__") or {}
+        document = json.loads(metadata["dpvision"])
+    except (SafetensorError, ValueError, KeyError, TypeError):
+        raise DPVisionError(
+            f"{path} is not a dpvision model file (dpvision train --save)"
+        ) from None
+    if not isinstance(document, dict) or document.get("format") != MODEL_FORMAT:
+        raise DPVisionError(f"{path}: unknown model format {document.get('format')!r}")
+    try:
+        return _from_document(document, tensors)
+    except (KeyError, TypeError, ValueError, RuntimeError) as error:
+        raise DPVisionError(f"{path}: damaged model file ({type(error).__name__})") from None
+
+
+def _from_document(document: dict[str, Any], tensors: dict[str, torch.Tensor]) -> TrainedModel:
+    preprocessing = None
+    if document["preprocessing"] is not None:
+        statistics = {
+            key.split(".", 1)[1]: value.numpy()
+            for key, value in tensors.items()
+            if key.startswith("preprocessing.")
+        }
+        preprocessing = FittedPreprocessing(
+            PreprocessingConfig(**document["preprocessing"]["config"]),
+            int(document["preprocessing"]["channels"]),
+            statistics,
+        )
+    network = None
+    if document["model_name"] is not None:
+        input_shape = tuple(document["input_shape"])
+        network = build_model(
+            document["model_name"], input_shape, document["num_classes"], groups=document["groups"]
+        )
+        weights = {k.split(".", 1)[1]: v for k, v in tensors.items() if k.startswith("network.")}
+        network.load_state_dict(weights)
+        network.eval()
+    spec = document["features"]
+    if document["encoder_sha256"] is not None:
+        path = parse_feature_spec(spec).path
+        if (
+            path is None
+            or not Path(path).is_file()
+            or encoder_digest(str(path)) != document["encoder_sha256"]
+        ):
+            raise DPVisionError(
+                f"this model's features come from the encoder {path}, which is missing or has "
+                "changed since training"
+            )
+
+    def shape(value: Any) -> tuple[int, ...] | None:
+        return None if value is None else tuple(int(v) for v in value)
+
+    def numbers(value: Any) -> tuple[float, ...] | None:
+        return None if value is None else tuple(float(v) for v in value)
+
+    return TrainedModel(
+        method=document["method"],
+        dataset=document["dataset"],
+        num_classes=int(document["num_classes"]),
+        image_shape=shape(document["image_shape"]),
+        features=spec,
+        preprocessing=preprocessing,
+        privacy=document["privacy"],
+        config=document["config"],
+        pixel_mean=numbers(document["pixel_mean"]),
+        pixel_std=numbers(document["pixel_std"]),
+        input_shape=shape(document["input_shape"]),
+        coef=tensors["coef"].numpy() if "coef" in tensors else None,
+        intercept=tensors["intercept"].numpy() if "intercept" in tensors else None,
+        network=network,
+        model_name=document["model_name"],
+        groups=document["groups"],
+        encoder_sha256=document["encoder_sha256"],
+        class_names=None if document["class_names"] is None else tuple(document["class_names"]),
+    )
+
+
+def privacy_of(result: dict[str, Any]) -> dict[str, Any]:
+    """The privacy part of a result dict, as a model file keeps it."""
+    keys = ("epsilon", "delta", "accountant", "noise_multiplier", "privacy_ledger")
+    return {key: result.get(key) for key in keys}

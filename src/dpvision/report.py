@@ -352,6 +352,12 @@ def report(
         plot_curves(dataset, groups, png, points)
         pngs.append(png)
         lines += ["", f"![privacy-utility on {dataset}]({png.name})", ""]
+        curves = [r for runs in groups.values() for r in runs if len(_history(r)) >= 2]
+        if curves:
+            png = png.with_name(f"{png.stem}-training.png")
+            plot_history(dataset, curves, png)
+            pngs.append(png)
+            lines += [f"![training curves on {dataset}]({png.name})", ""]
     lines += ["## Flags", ""]
     if flagged:
         lines += [f"- **{file}**: {flag}" for file, flag in flagged]
@@ -372,6 +378,54 @@ def report(
     with atomic_open(out_path, "w") as handle:
         handle.write("\n".join(lines))
     return {"report": out_path, "plots": pngs, "rows": rows, "flagged": flagged}
+
+
+def _history(result: dict[str, Any]) -> list[tuple[int, float, str]]:
+    """(step, accuracy in %, split) of a run's ``history``: the validation split's where
+    the run held one out, else the test set's (the EMA's when it kept one)."""
+    points = []
+    for entry in result.get("history") or []:
+        for split in ("validation", "test"):
+            value = entry.get(f"{split}_accuracy_ema", entry.get(f"{split}_accuracy"))
+            if value is not None:
+                points.append((int(entry["step"]), 100 * float(value), split))
+                break
+    split = "validation" if any(s == "validation" for *_, s in points) else "test"
+    return [p for p in points if p[2] == split]
+
+
+def plot_history(dataset: str, results: list[dict[str, Any]], path: Path) -> None:
+    """Accuracy against training step, one line per run (from each result's ``history``)."""
+    # local import: start-up time
+    import matplotlib
+
+    matplotlib.use("Agg")
+    # local import: start-up time
+    import matplotlib.pyplot as plt
+
+    # local import: start-up time
+    from dpvision.fileio import atomic_open
+
+    figure, axes = plt.subplots(figsize=(8, 5), dpi=120)
+    splits = set()
+    for result in sorted(results, key=lambda r: r["_file"]):
+        points = _history(result)
+        splits.update(s for *_, s in points)
+        axes.plot(
+            [p[0] for p in points],
+            [p[1] for p in points],
+            marker=".",
+            label=f"{result['_file']} (ε = {float(result['epsilon']):.3g})",
+        )
+    axes.set_xlabel("step")
+    axes.set_ylabel(f"{' / '.join(sorted(splits))} accuracy (%)")
+    axes.set_title(f"{dataset}: accuracy during training")
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
+    figure.tight_layout()
+    with atomic_open(path, "wb") as handle:
+        figure.savefig(handle, format="png")
+    plt.close(figure)
 
 
 def plot_curves(

@@ -11,6 +11,7 @@ Commands:
   dpvision pretrain         DP-RandP Phase I: an encoder from synthetic images
   dpvision synth            a preview grid of synthetic images
   dpvision sweep, report    privacy-utility grids, tables and plots
+  dpvision cache            list or clear the feature cache and downloaded datasets
 
 One module per command (:mod:`dpvision.cli.train`, …), each with ``add_parser`` and ``run``.
 
@@ -22,10 +23,11 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from dpvision.cli import audit, model, pretrain, privacy, report, train
+from dpvision.cli import audit, cache, model, pretrain, privacy, report, train
 from dpvision.cli.arguments import EXIT_USAGE, Parser
 from dpvision.cli.pretrain import SYNTHETIC_KINDS
 from dpvision.errors import DPVisionError
+from dpvision.log import configure, logger
 from dpvision.version import __version__
 
 __all__ = ["SYNTHETIC_KINDS", "build_parser", "main"]
@@ -40,6 +42,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
     "report": report.run_report,
     "predict": model.run_predict,
     "evaluate": model.run_evaluate,
+    "cache": cache.run,
 }
 
 
@@ -60,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     pretrain.add_synth_parser(commands)
     report.add_parsers(commands)
     model.add_parsers(commands)
+    cache.add_parser(commands)
     return parser
 
 
@@ -67,6 +71,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line; returns the process exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.quiet = bool(getattr(args, "quiet", False))
+    configure(-1 if args.quiet else getattr(args, "verbose", 0), getattr(args, "log_file", None))
+    logger.debug("dpvision %s: %s", __version__, " ".join(sys.argv if argv is None else argv))
     try:
         if args.command != "train" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise DPVisionError(
@@ -75,6 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         COMMANDS[args.command](args)
     except DPVisionError as error:
+        logger.debug("error: %s", error)
         print(f"dpvision: error: {error}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:

@@ -10,7 +10,36 @@ EXIT_USAGE = 2
 
 
 class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line (no usage dump) and exit code 2."""
+    """An ArgumentParser whose errors are one line (no usage dump) and exit code 2.
+
+    Every command (and ``dpvision`` itself) takes ``-v/--verbose``, ``-q/--quiet`` and
+    ``--log-file``; they are absent from the namespace unless given (``main`` reads them).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        output = self.add_argument_group("output")
+        output.add_argument(
+            "-v",
+            "--verbose",
+            action="count",
+            default=argparse.SUPPRESS,
+            help="more detail on stderr (-vv: debugging)",
+        )
+        output.add_argument(
+            "-q",
+            "--quiet",
+            action="store_true",
+            default=argparse.SUPPRESS,
+            help="no progress lines; warnings and errors only",
+        )
+        output.add_argument(
+            "--log-file",
+            type=output_file,
+            default=argparse.SUPPRESS,
+            metavar="FILE",
+            help="also append every message, with a timestamp, to FILE",
+        )
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")

@@ -83,7 +83,6 @@ def add_parser(commands: Any) -> None:
     audit.add_argument(
         "--histogram", type=output_file, metavar="FILE.png", help="write the loss histogram here"
     )
-    audit.add_argument("--quiet", action="store_true", help="no progress bar")
     audit.add_argument(
         "--json",
         nargs="?",

@@ -51,7 +51,6 @@ def add_pretrain_parser(commands: Any) -> None:
     pretrain.add_argument(
         "--json", type=output_file, metavar="FILE", help="write a summary JSON here"
     )
-    pretrain.add_argument("--quiet", action="store_true", help="no progress messages")
 
 
 def run_pretrain(args: argparse.Namespace) -> None:

@@ -33,7 +33,6 @@ def add_parsers(commands: Any) -> None:
     )
     sweep.add_argument("--data-dir", metavar="DIR", help="folder with the dataset's files")
     sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    sweep.add_argument("--quiet", action="store_true")
     report = commands.add_parser(
         "report",
         help="markdown report and privacy-utility plots from a folder of result JSONs",

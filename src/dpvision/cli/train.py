@@ -93,4 +93,3 @@ def add_parser(commands: Any) -> None:
         help="dp-randp: the share ε₁/ε of the budget for Phase II (the head); N₁ is the most "
         "steps within it (same as --set learner.phase2_fraction=F; default: N₁ = 96 steps)",
     )
-    train.add_argument("--quiet", action="store_true", help="no progress messages")

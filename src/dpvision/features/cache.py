@@ -28,6 +28,7 @@ data.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import hashlib
 import importlib.metadata
@@ -51,6 +52,8 @@ from dpvision.features.spec import ENCODER_ONLY, FeatureSpec
 
 __all__ = [
     "ENV_CACHE",
+    "CacheEntry",
+    "cache_entries",
     "cache_key",
     "dataset_fingerprint",
     "default_cache_dir",
@@ -126,6 +129,71 @@ def cache_key(dataset: ImageDataset, spec: FeatureSpec) -> dict[str, Any]:
     if spec.name == "encoder":
         key["encoder_sha256"] = encoder_digest(str(spec.path))
     return key
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheEntry:
+    """One entry of the feature cache (``dpvision cache list``).
+
+    ``complete`` is False for leftovers of an interrupted write (no JSON, or ``.tmp``
+    files); ``spec`` is the spec in text form, or ``?`` when the JSON cannot be read.
+    """
+
+    stem: str
+    dataset: str
+    spec: str
+    files: tuple[Path, ...]
+    size: int
+    modified: float
+    complete: bool
+
+
+def cache_entries(cache_dir: Path | str | None = None) -> list[CacheEntry]:
+    """The entries of the feature cache folder, oldest first (no folder: none)."""
+    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    if not folder.is_dir():
+        return []
+    groups: dict[str, list[Path]] = {}
+    for path in folder.iterdir():
+        # STEM.train.npy, STEM.test.npy, STEM.json, and .STEM.<part>.<random>.tmp leftovers
+        match = _ENTRY_FILE.fullmatch(path.name)
+        if match and path.is_file():
+            groups.setdefault(match["stem"], []).append(path)
+    entries = []
+    for stem, files in groups.items():
+        meta_path = folder / f"{stem}.json"
+        dataset, spec, complete = stem.split("-")[0], "?", meta_path.is_file()
+        if complete:
+            try:
+                key = json.loads(meta_path.read_text(encoding="utf-8"))["key"]
+                dataset = str(key["dataset"])
+                spec = _spec_text(key["spec"])
+            except (OSError, ValueError, KeyError, TypeError):
+                complete = False
+        complete = complete and all(not f.name.startswith(".") for f in files)
+        stats = [f.stat() for f in files]
+        entries.append(
+            CacheEntry(
+                stem=stem,
+                dataset=dataset,
+                spec=spec,
+                files=tuple(sorted(files)),
+                size=sum(st.st_size for st in stats),
+                modified=max(st.st_mtime for st in stats),
+                complete=complete,
+            )
+        )
+    return sorted(entries, key=lambda e: e.modified)
+
+
+_ENTRY_FILE = re.compile(r"\.?(?P<stem>[^.]+)\.(?:train\.npy|test\.npy|json)(?:\.[^.]+\.tmp)?")
+
+
+def _spec_text(fields: dict[str, Any]) -> str:
+    defaults = FeatureSpec(name=str(fields["name"])).to_dict()
+    changed = {k: v for k, v in fields.items() if k != "name" and defaults.get(k) != v}
+    options = ",".join(f"{k}={v}" for k, v in sorted(changed.items()))
+    return f"{fields['name']}:{options}" if options else str(fields["name"])
 
 
 def load_or_extract(

@@ -37,7 +37,7 @@ from dpvision.errors import DPVisionError
 from dpvision.features import feature_shape, load_or_extract, parse_feature_spec
 from dpvision.features.backbone import encoder_digest
 from dpvision.features.preprocessing import FittedPreprocessing, preprocess
-from dpvision.log import say
+from dpvision.log import progress, say
 from dpvision.mechanisms import PoissonSampler
 from dpvision.models.encoder import load_into
 from dpvision.models.registry import build_model
@@ -129,6 +129,8 @@ class _Run:
     checkpoint: Path | None
     settings: dict[str, Any]
     last_report: float = dataclasses.field(default_factory=time.perf_counter)
+    started: float = dataclasses.field(default_factory=time.perf_counter)
+    first_step: int = 0  # where this process started (after a resume)
 
     @classmethod
     def start(cls, config: TrainConfig, quiet: bool, checkpoint: Path | None) -> "_Run":
@@ -229,6 +231,7 @@ class _Run:
         self.step_fn.ledger = self.state.ledger
         self.step_fn.optimizer = self.state.optimizer
         say(f"resumed from {path} at step {self.state.sampler.step} of {self.steps}", self.quiet)
+        self.first_step = self.state.sampler.step
 
     def enter_phase(self, step: int) -> torch.optim.Optimizer:
         """A fresh optimizer for the DP-RandP phase that ``step`` falls in."""
@@ -271,7 +274,9 @@ class _Run:
             history.append({"step": done, **self.evaluate()})
             say(f"step {done}/{self.steps}: {format_metrics(history[-1])}", self.quiet)
         elif time.perf_counter() - self.last_report > PROGRESS_SECONDS:
-            say(f"step {done}/{self.steps}", self.quiet)
+            # No training loss: it would be an unreleased statistic of the private batch.
+            seconds = time.perf_counter() - self.started
+            say(progress(done, self.steps, seconds, self.first_step), self.quiet)
             self.last_report = time.perf_counter()
         every = performance.checkpoint_every
         if self.checkpoint is not None and ((every and done % every == 0) or done == self.steps):

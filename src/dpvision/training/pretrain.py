@@ -26,7 +26,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ from dpvision.data.synthetic import SYNTHETIC_KINDS, generate
 from dpvision.errors import DPVisionError
 from dpvision.features.progress import Progress
 from dpvision.fileio import atomic_open, differing_keys, load_torch
+from dpvision.log import progress, say
 from dpvision.models.encoder import EncoderInfo, build_body, save_encoder
 from dpvision.models.registry import parse_model
 from dpvision.training.contrastive import align_uniform_loss, contrastive_views
@@ -177,11 +177,6 @@ def _seeds(seed: int) -> dict[str, int]:
     return {name: int(value) % 2**63 for name, value in zip(names, states, strict=True)}
 
 
-def _say(message: str, quiet: bool) -> None:
-    if not quiet:
-        print(f"[dpvision] {message}", file=sys.stderr, flush=True)
-
-
 class _Images:
     """The synthetic images of Phase I: a fixed set reshuffled per epoch, or a fresh stream."""
 
@@ -298,8 +293,8 @@ def pretrain(
     run = _Session(options.settings(), body, projection, optimizer, views, images)
     if checkpoint is not None and Path(checkpoint).exists():
         run.resume(Path(checkpoint))
-        _say(f"resumed Phase I from {checkpoint} at step {run.step}", quiet)
-    _say(
+        say(f"resumed Phase I from {checkpoint} at step {run.step}", quiet)
+    say(
         f"Phase I: {options.model} body ({sum(p.numel() for p in body.parameters())} parameters)"
         f" on {options.synthetic} images {options.channels}×{options.size}×{options.size}, "
         f"{options.steps} steps of {options.batch_size}",
@@ -331,8 +326,9 @@ def pretrain(
             run.losses.append({"step": run.step, "loss": float(np.mean(window))})
             window = []
         if time.perf_counter() - last_report > 30 and run.losses:
-            _say(
-                f"Phase I step {run.step}/{options.steps}: loss {run.losses[-1]['loss']:.4f}",
+            say(
+                f"Phase I {progress(run.step, options.steps, time.perf_counter() - start)}: "
+                f"loss {run.losses[-1]['loss']:.4f} (synthetic images: no privacy cost)",
                 quiet,
             )
             last_report = time.perf_counter()

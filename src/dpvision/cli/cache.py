@@ -1,0 +1,117 @@
+"""``dpvision cache list | clear``: the feature cache and the downloaded datasets."""
+
+import argparse
+import shutil
+import time
+from typing import Any
+
+from dpvision.cli.arguments import Parser, positive_float
+from dpvision.errors import DPVisionError
+
+
+def add_parser(commands: Any) -> None:
+    cache = commands.add_parser(
+        "cache",
+        help="list or clear the feature cache and the downloaded datasets",
+        description="The feature cache ($DPVISION_CACHE, else ~/.cache/dpvision/features) "
+        "holds extracted features, one entry per dataset and feature spec; the download "
+        "cache (~/.cache/dpvision/NAME) holds datasets dpvision downloaded. Both are made "
+        "again when needed. Entries hold features of private data: the files are readable "
+        "by their owner only.",
+    )
+    actions = cache.add_subparsers(
+        dest="action", required=True, parser_class=Parser, metavar="ACTION"
+    )
+    actions.add_parser("list", help="every entry with its size and age")
+    clear = actions.add_parser(
+        "clear", help="delete feature-cache entries (and, with --datasets, downloaded datasets)"
+    )
+    clear.add_argument("--dataset", metavar="NAME", help="only entries of this dataset")
+    clear.add_argument(
+        "--older-than",
+        type=positive_float,
+        metavar="DAYS",
+        help="only entries not used for DAYS days",
+    )
+    clear.add_argument("--datasets", action="store_true", help="also the downloaded datasets")
+    clear.add_argument("--dry-run", action="store_true", help="say what would go, delete nothing")
+
+
+def _size(count: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if count < 1024 or unit == "GB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024  # type: ignore[assignment]
+    raise AssertionError
+
+
+def _age(modified: float) -> str:
+    days = (time.time() - modified) / 86400
+    return f"{days * 24:.0f} h" if days < 2 else f"{days:.0f} d"
+
+
+def _downloads() -> list[tuple[str, Any, int, float]]:
+    # local import: start-up time
+    from dpvision.data.sources import DOWNLOADS, cache_dir
+
+    found = []
+    for name in sorted(DOWNLOADS):
+        folder = cache_dir(name)
+        if folder.is_dir():
+            files = [p for p in folder.rglob("*") if p.is_file()]
+            size = sum(p.stat().st_size for p in files)
+            modified = max((p.stat().st_mtime for p in files), default=folder.stat().st_mtime)
+            found.append((name, folder, size, modified))
+    return found
+
+
+def run(args: argparse.Namespace) -> None:
+    # local import: start-up time
+    from dpvision.features.cache import cache_entries, default_cache_dir
+
+    entries = cache_entries()
+    downloads = _downloads()
+    if args.action == "list":
+        print(
+            f"feature cache {default_cache_dir()}: {len(entries)} entries, "
+            f"{_size(sum(e.size for e in entries))}"
+        )
+        for entry in entries:
+            state = "" if entry.complete else "  (incomplete: an interrupted write)"
+            print(
+                f"  {entry.dataset:<16} {entry.spec:<28} {_size(entry.size):>9}  "
+                f"{_age(entry.modified):>5} ago  {entry.stem}{state}"
+            )
+        print(f"downloaded datasets: {len(downloads)}")
+        for name, folder, size, modified in downloads:
+            print(f"  {name:<16} {_size(size):>9}  {_age(modified):>5} ago  {folder}")
+        return
+    cutoff = time.time() - 86400 * args.older_than if args.older_than is not None else None
+    doomed_entries = [
+        e
+        for e in entries
+        if (args.dataset is None or e.dataset == args.dataset)
+        and (cutoff is None or e.modified < cutoff)
+    ]
+    doomed_downloads = [
+        d
+        for d in downloads
+        if args.datasets
+        and (args.dataset is None or d[0] == args.dataset)
+        and (cutoff is None or d[3] < cutoff)
+    ]
+    freed = sum(e.size for e in doomed_entries) + sum(d[2] for d in doomed_downloads)
+    verb = "would delete" if args.dry_run else "deleted"
+    if not args.dry_run:
+        try:
+            for entry in doomed_entries:
+                for path in entry.files:
+                    path.unlink(missing_ok=True)
+            for _, folder, _, _ in doomed_downloads:
+                shutil.rmtree(folder)
+        except OSError as error:
+            raise DPVisionError(f"cannot delete {error.filename}: {error.strerror}") from None
+    print(
+        f"{verb} {len(doomed_entries)} feature-cache entries and {len(doomed_downloads)} "
+        f"downloaded datasets ({_size(freed)})"
+    )

@@ -1,8 +1,10 @@
 """Every command in README.md runs, as written, and prints what the README shows.
 
 ``dpvision`` and ``python examples/...`` commands are run in a scratch folder that sees the
-repository's ``configs/`` and ``examples/``; commands of one code block run in order in the
-same folder (``pretrain`` writes the encoder that ``train`` reads). A ``console`` block's
+repository's ``configs/`` and ``examples/``, with an empty temporary ``HOME`` and feature
+cache (only ``DPVISION_DATA``, where CI keeps Fashion-MNIST, comes from outside); commands
+of one code block run in order in the same folder (``pretrain`` writes the encoder that
+``train`` reads). A ``console`` block's
 output must match the README line for line (timings excepted). The install, test and
 documentation commands are what CI runs: they must appear verbatim in ``.ci/run``.
 """
@@ -105,6 +107,10 @@ def test_install_test_and_docs_commands_are_what_ci_runs() -> None:
 def test_readme_command_runs(block: list[tuple[str, list[str] | None]], tmp_path: Path) -> None:
     for name in ("configs", "examples"):
         (tmp_path / name).symlink_to(ROOT / name)
+    # A new user's machine: an empty home and feature cache, no downloads.
+    home, cache = tmp_path / "home", tmp_path / "cache"
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home), "DPVISION_CACHE": str(cache), "DPVISION_OFFLINE": "1"}
     for command, expected in block:
         done = subprocess.run(
             _argv(command),
@@ -112,7 +118,7 @@ def test_readme_command_runs(block: list[tuple[str, list[str] | None]], tmp_path
             capture_output=True,
             text=True,
             timeout=1800,
-            env={**os.environ, "DPVISION_OFFLINE": "1"},
+            env=env,
         )
         assert done.returncode == 0, f"{command}\n{done.stderr[-2000:]}"
         if expected is not None:

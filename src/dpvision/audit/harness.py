@@ -122,7 +122,8 @@ def audit_config(
 
     given = {".".join(parse_override(item)[0]) for item in sets}
     raw = load_toml(file) if file is not None else {}
-    given |= {f"learner.{key}" for key in raw.get("learner", {})}
+    learner = raw.get("learner", {})
+    given |= {f"learner.{key}" for key in (learner if isinstance(learner, dict) else {})}
     method = resolve(file, flags, list(sets)).method
     defaults = [
         item

@@ -33,7 +33,10 @@ What happens, in Opacus' terms:
   gradient norms, clips each example's gradient (the mean of its K view-gradients) to C,
   sums, and at the end of each logical batch adds N(0, (σC)²) **once**, divides by the
   public qN, steps the wrapped optimizer, records the step in the engine's
-  :class:`~dpvision.accounting.PrivacyLedger` and updates the parameter EMA.
+  :class:`~dpvision.accounting.PrivacyLedger` and updates the parameter EMA;
+  ``optimizer.ema_model()`` is a copy of the module with the averaged parameters;
+* in evaluation mode (``model.eval()``) or under ``torch.no_grad()`` the private module is
+  the plain module: any batch size, nothing recorded.
 
 Unlike Opacus, only Poisson sampling is offered (the accountant assumes it), and only
 layers that book-keeping supports (``nn.Linear``, ``nn.Conv2d``, ``WSConv2d``, affine

@@ -121,6 +121,10 @@ class PretrainOptions:
                 raise DPVisionError(f"pretrain.{name} must be >= 1, got {getattr(self, name)}")
         if self.batch_size < 2:
             raise DPVisionError("pretrain.batch_size must be >= 2 (the loss compares images)")
+        if not 0 <= self.seed < 2**63:
+            raise DPVisionError(
+                f"pretrain.seed must be a whole number in [0, 2**63), got {self.seed}"
+            )
         for name in ("num_images", "momentum", "weight_decay", "checkpoint_every", "groups"):
             if getattr(self, name) < 0:
                 raise DPVisionError(f"pretrain.{name} must be >= 0, got {getattr(self, name)}")

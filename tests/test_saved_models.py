@@ -1,0 +1,216 @@
+"""Saved models (``train --save``, ``predict``, ``evaluate``, ``dpvision.load_model``), the
+Python API, the validation split, the cache command and the logging flags."""
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.torch import load_file
+
+import dpvision
+from dpvision.cli import main
+from dpvision.config import resolve
+from dpvision.data import load_dataset
+from dpvision.data.inputs import DATASET_STATISTICS
+from dpvision.data.validation import validation_split
+from dpvision.errors import DPVisionError
+from dpvision.runs.train import fit
+
+DPSGD = [
+    'method="dp-sgd"',
+    'learner.model="mlp-8"',
+    "learner.steps=6",
+    "learner.batch_size=64",
+    "learner.ema_decay=0.9",
+]
+
+
+def _cli(capsys, *argv: str) -> tuple[int, str, str]:
+    try:
+        code = main(list(argv))
+    except SystemExit as exit:
+        code = int(exit.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        [],
+        ['method="dp-fc"', "learner.epochs=2"],
+        ['features="scatternet"', 'preprocessing.kind="private-norm"', "preprocessing.channels=81"],
+        ['features="pixels:pool=2"', 'preprocessing.kind="center"'],
+        DPSGD,
+        [*DPSGD, 'learner.normalization="dataset"'],
+    ],
+    ids=["dp-ls", "dp-fc", "private-norm", "center", "dp-sgd-ema", "dp-sgd-normalized"],
+)
+def test_a_saved_model_scores_exactly_as_the_run_did(
+    sets: list[str], tmp_path: Path, monkeypatch
+) -> None:
+    # digits has no published statistics; these stand in (public constants either way).
+    monkeypatch.setitem(DATASET_STATISTICS, "digits", ((0.3,), (0.4,)))
+    result, model = fit(resolve(None, {}, sets), quiet=True)
+    path = tmp_path / "model.safetensors"
+    model.save(path)
+    loaded = dpvision.load_model(path)
+    digits = load_dataset("digits")
+    assert loaded.score(digits.test_images, digits.test_labels) == result["test_accuracy"]
+    assert loaded.epsilon == result["epsilon"]
+    assert loaded.ledger == result["privacy_ledger"]
+    assert loaded.config == result["config"]
+    assert loaded.predict(digits.test_images[:3]).dtype == np.int64
+
+
+def test_the_model_file_holds_only_released_values(tmp_path: Path) -> None:
+    sets = [
+        'features="scatternet"',
+        'preprocessing.kind="private-norm"',
+        "preprocessing.channels=81",
+    ]
+    _result, model = fit(resolve(None, {}, sets), quiet=True)
+    model.save(tmp_path / "m.safetensors")
+    tensors = load_file(tmp_path / "m.safetensors")
+    assert sorted(tensors) == ["coef", "intercept", "preprocessing.mean", "preprocessing.var"]
+    # The statistics are the noisy released ones, not the exact means of the training data.
+    features = np.asarray(
+        dpvision.features.extract_features(
+            load_dataset("digits").train_images, dpvision.features.parse_feature_spec("scatternet")
+        )
+    )
+    exact_mean = features.reshape(len(features), 81, -1).mean(axis=(0, 2))
+    assert not np.allclose(tensors["preprocessing.mean"].numpy(), exact_mean, atol=1e-3)
+
+
+def test_loading_a_damaged_or_foreign_file_is_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}     ")
+    with pytest.raises(DPVisionError, match="is not a dpvision model file"):
+        dpvision.load_model(bad)
+    with pytest.raises(DPVisionError, match="no such model file"):
+        dpvision.load_model(tmp_path / "missing.safetensors")
+
+
+def test_train_save_then_predict_and_evaluate(tmp_path: Path, capsys) -> None:
+    model = tmp_path / "model.safetensors"
+    code, out, err = _cli(capsys, "train", "--save", str(model), "--json", str(tmp_path / "r.json"))
+    assert code == 0, err
+    assert f"model written to {model}" in out
+    result = json.loads((tmp_path / "r.json").read_text())
+    code, out, err = _cli(capsys, "evaluate", str(model))
+    assert code == 0, err
+    assert f"test accuracy {100 * result['test_accuracy']:.2f} % on digits (359 images)" in out
+    digits = load_dataset("digits")
+    np.save(tmp_path / "images.npy", digits.test_images[:4])
+    code, out, err = _cli(capsys, "predict", str(model), str(tmp_path / "images.npy"))
+    assert code == 0, err
+    rows = list(csv.reader(out.splitlines()))
+    assert rows[0] == ["input", "label", "class"]
+    expected = dpvision.load_model(model).predict(digits.test_images[:4])
+    assert [int(r[1]) for r in rows[1:]] == expected.tolist()
+    from PIL import Image
+
+    folder = tmp_path / "pngs"
+    folder.mkdir()
+    for i in range(3):
+        Image.fromarray(digits.test_images[i, :, :, 0]).save(folder / f"{i}.png")
+    out_csv = tmp_path / "p.csv"
+    code, out, err = _cli(capsys, "predict", str(model), str(folder), "--out", str(out_csv))
+    assert code == 0, err
+    assert [int(r[1]) for r in list(csv.reader(out_csv.open()))[1:]] == expected[:3].tolist()
+    code, _, err = _cli(capsys, "predict", str(model), str(tmp_path / "r.json"))
+    assert code == 2
+    assert "Traceback" not in err
+
+
+def test_python_api_trains_with_tables_as_dicts(tmp_path: Path) -> None:
+    run = dpvision.train(method="dp-fc", epsilon=1.0, learner={"epochs": 2}, save=tmp_path / "m")
+    assert run.result["config"]["learner"] == {"epochs": 2}
+    assert run.epsilon <= 1.0
+    assert 0 < run.test_accuracy <= 1
+    assert dpvision.load_model(tmp_path / "m").method == "dp-fc"
+    assert "test accuracy" in str(run)
+    with pytest.raises(DPVisionError, match=r"learner\.epochs must be"):
+        dpvision.train(method="dp-fc", learner={"epochs": "many"})
+
+
+# --- the validation split -------------------------------------------------------------------
+
+
+def test_validation_split_is_seeded_and_depends_only_on_n() -> None:
+    train, held = validation_split(100, 0.1, seed=3)
+    assert len(held) == 10
+    assert len(train) == 90
+    assert not set(train) & set(held)
+    assert np.array_equal(held, validation_split(100, 0.1, seed=3)[1])
+    assert not np.array_equal(held, validation_split(100, 0.1, seed=4)[1])
+    with pytest.raises(DPVisionError, match="at least one example"):
+        validation_split(3, 0.01, seed=0)
+
+
+def test_feature_run_holds_out_a_validation_split() -> None:
+    result, _ = fit(resolve(None, {}, ["validation_fraction=0.2"]), quiet=True)
+    assert result["n_validation"] == round(0.2 * 1438)
+    assert result["n_train"] == 1438 - result["n_validation"]
+    assert 0 < result["validation_accuracy"] <= 1
+    assert result["config"]["validation_fraction"] == 0.2
+
+
+def test_dpsgd_evaluates_on_validation_and_touches_test_once() -> None:
+    sets = [*DPSGD, "validation_fraction=0.25", "learner.eval_every=2"]
+    result, _ = fit(resolve(None, {}, sets), quiet=True)
+    *during, final = result["history"]
+    assert [entry["step"] for entry in during] == [2, 4]
+    assert all("test_accuracy" not in entry and "validation_accuracy" in entry for entry in during)
+    assert "test_accuracy" in final
+    assert "validation_accuracy_ema" in final
+    assert result["validation_accuracy"] == final["validation_accuracy_ema"]
+    assert result["n_train"] + result["n_validation"] == 1438
+
+
+@pytest.mark.parametrize("value", ["1", "-0.1", "1.5"])
+def test_validation_fraction_out_of_range_is_refused(value: str) -> None:
+    with pytest.raises(DPVisionError, match="validation_fraction must be in"):
+        resolve(None, {}, [f"validation_fraction={value}"])
+
+
+# --- cache and logging ----------------------------------------------------------------------
+
+
+def test_cache_list_and_clear(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("DPVISION_CACHE", str(tmp_path / "cache"))
+    assert _cli(capsys, "train", "--features", "pixels:pool=2", "-q")[0] == 0
+    assert _cli(capsys, "train", "-q")[0] == 0
+    (tmp_path / "cache" / ".digits-x-0.train.npy.abc.tmp").write_bytes(b"half")
+    code, out, _ = _cli(capsys, "cache", "list")
+    assert code == 0
+    assert "3 entries" in out
+    assert "pixels:pool=2" in out
+    assert "incomplete" in out
+    code, out, _ = _cli(capsys, "cache", "clear", "--dataset", "digits", "--dry-run")
+    assert "would delete 3 feature-cache entries" in out
+    assert len(list((tmp_path / "cache").iterdir())) == 7
+    code, out, _ = _cli(capsys, "cache", "clear")
+    assert code == 0
+    assert "deleted 3 feature-cache entries" in out
+    assert not list((tmp_path / "cache").iterdir())
+
+
+def test_quiet_verbose_and_log_file(tmp_path: Path, capsys) -> None:
+    log = tmp_path / "run.log"
+    code, out, err = _cli(capsys, "train", "--log-file", str(log))
+    assert code == 0
+    assert "[dpvision] loading dataset digits" in err
+    text = log.read_text()
+    assert "INFO loading dataset digits" in text
+    assert "DEBUG dpvision" in text
+    code, out, err = _cli(capsys, "train", "-q")
+    assert code == 0
+    assert err == ""
+    assert "test accuracy" in out
+    code, out, err = _cli(capsys, "-v", "train")
+    assert code == 0
+    assert "[dpvision] dpvision " in err

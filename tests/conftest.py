@@ -11,6 +11,7 @@ from pathlib import Path
 
 REAL_HOME = Path.home()
 SCRATCH_HOME = Path(tempfile.mkdtemp(prefix="dpvision-tests-home-"))
+os.environ["DPVISION_TESTS_REAL_HOME"] = str(REAL_HOME)  # for tests/test_isolation.py
 os.environ["HOME"] = str(SCRATCH_HOME)
 os.environ["DPVISION_CACHE"] = str(SCRATCH_HOME / ".cache" / "dpvision" / "features")
 os.environ.setdefault("MPLCONFIGDIR", str(SCRATCH_HOME / ".config" / "matplotlib"))

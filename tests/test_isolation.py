@@ -6,13 +6,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REAL_HOME, SCRATCH_HOME
 from dpvision.data.sources import cache_dir
 from dpvision.features import default_cache_dir
+
+REAL_HOME = Path(os.environ["DPVISION_TESTS_REAL_HOME"])
+SCRATCH_HOME = Path(os.environ["HOME"])
 
 
 def test_home_and_caches_are_scratch_folders() -> None:
     assert Path.home() == SCRATCH_HOME != REAL_HOME
+    assert SCRATCH_HOME.name.startswith("dpvision-tests-home-")
     assert SCRATCH_HOME in default_cache_dir().parents
     assert SCRATCH_HOME in cache_dir("fashion-mnist").parents
 

@@ -74,6 +74,8 @@ def run_settings(config: TrainConfig) -> dict[str, Any]:
     data = config.to_dict()
     data.pop("data_dir", None)
     data.pop("reference", None)  # what the run reproduces, not how it runs
+    if not data.get("validation_fraction"):  # as before the option existed: old checkpoints
+        data.pop("validation_fraction", None)
     options = config.dpsgd
     data["learner"] = options.run_settings()
     if options.encoder is not None and Path(options.encoder).is_file():

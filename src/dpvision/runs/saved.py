@@ -1,10 +1,12 @@
 """A trained private classifier in one file, used again: ``dpvision train --save MODEL``,
 ``dpvision predict``, ``dpvision evaluate`` and :func:`load_model`.
 
->>> from dpvision import load_model                                     # doctest: +SKIP
->>> model = load_model("model.safetensors")                             # doctest: +SKIP
->>> model.predict(images)          # uint8 (N, H, W, C), as the dataset's  # doctest: +SKIP
->>> model.epsilon, model.ledger    # what training spent                  # doctest: +SKIP
+::
+
+    from dpvision import load_model
+    model = load_model("model.safetensors")
+    model.predict(images)          # uint8 (N, H, W, C), as the dataset's images
+    model.epsilon, model.ledger    # what training spent
 
 The file is `safetensors <https://github.com/huggingface/safetensors>`_: the tensors (the
 weights and the released preprocessing statistics), and one JSON document in its metadata

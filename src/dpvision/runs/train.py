@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dpvision.config import TrainConfig, resolve
+from dpvision.distributed import current
 from dpvision.errors import DPVisionError
 from dpvision.runs.dpsgd import run_dpsgd
 from dpvision.runs.features import run_features
@@ -30,7 +31,7 @@ def run_training(
     write to. ``save``: write the trained model there (:mod:`dpvision.runs.saved`).
     """
     result, model = fit(config, quiet=quiet, checkpoint=checkpoint)
-    if save is not None:
+    if save is not None and current().is_main:  # every rank holds the same model
         model.save(save)
     return result
 

@@ -42,8 +42,6 @@ import dataclasses
 import functools
 import math
 import tomllib
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +52,7 @@ from dpvision.data.datasets import PATH_PREFIXES, check_public_shape, dataset_in
 from dpvision.errors import DPVisionError
 from dpvision.features.preprocessing import PREPROCESSING, PreprocessingConfig
 from dpvision.learners import LEARNERS
+from dpvision.learners.options import check_learner_options
 from dpvision.training.options import DPSGDOptions
 from dpvision.training.pretrain import PretrainOptions
 
@@ -296,55 +295,14 @@ def validate(config: TrainConfig) -> TrainConfig:
         "accountant",
         "random_state",
     }
-    hints = typing.get_type_hints(LEARNERS[config.method].__init__)
-    for key, value in config.learner.items():
+    for key in config.learner:
         if key not in allowed:
             raise DPVisionError(
                 f"unknown learner option {key!r} for {config.method}; valid: "
                 f"{', '.join(sorted(allowed))}"
             )
-        if not _matches(value, hints.get(key, Any)):
-            raise DPVisionError(f"learner.{key} must be {_describe(hints[key])}, got {value!r}")
-    try:
-        LEARNERS[config.method](**config.learner).check_params()
-    except DPVisionError as error:
-        raise DPVisionError(f"learner.{error}") from None
+    check_learner_options(LEARNERS[config.method], config.learner)
     return config
-
-
-def _matches(value: Any, hint: Any) -> bool:
-    """Whether a TOML value fits a learner's type annotation (ints count as floats)."""
-    args = typing.get_args(hint)
-    if typing.get_origin(hint) in (types.UnionType, typing.Union):
-        return any(_matches(value, arg) for arg in args)
-    if hint is type(None):
-        return value is None
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if hint is str:
-        return isinstance(value, str)
-    if typing.get_origin(hint) is tuple:
-        return (
-            isinstance(value, list | tuple)
-            and len(value) == len(args)
-            and all(_matches(v, a) for v, a in zip(value, args, strict=True))
-        )
-    return True
-
-
-def _describe(hint: Any) -> str:
-    names = {bool: "true or false", int: "a whole number", float: "a number", str: "a string"}
-    if typing.get_origin(hint) in (types.UnionType, typing.Union):
-        return " or ".join(
-            "none" if arg is type(None) else _describe(arg) for arg in typing.get_args(hint)
-        )
-    if typing.get_origin(hint) is tuple:
-        return f"a list of {len(typing.get_args(hint))} numbers"
-    return names.get(hint, str(hint))
 
 
 REFERENCE_KEYS = ("source", "accuracy", "epsilon", "band", "needs", "points")

@@ -91,4 +91,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `dpvision … | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    finally:
+        configure()  # the defaults again, the log file closed (main may be called again)
     return 0

@@ -7,6 +7,9 @@ released in ``privacy_ledger_``:
 * :class:`DPNewton` — DP-Newton (``dp-newton``), noisy gradient and Hessian per step;
 * :class:`DPFeatureCovariance` — DP-FC (``dp-fc``), covariance-preconditioned DP gradients;
 * :class:`DPSGDLinear` — DP-SGD / momentum / DP-Adam on a linear head (``dp-sgd-linear``).
+
+:func:`dpvision.learners.options.check_learner_options` checks a config's ``[learner]``
+values (type and range) before any data is read.
 """
 
 from dpvision.learners.base import DPLinearClassifier

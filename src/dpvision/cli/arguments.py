@@ -24,7 +24,7 @@ class Parser(argparse.ArgumentParser):
             "--verbose",
             action="count",
             default=argparse.SUPPRESS,
-            help="more detail on stderr (-vv: debugging)",
+            help="debugging detail on stderr too",
         )
         output.add_argument(
             "-q",

@@ -29,6 +29,27 @@ def _cnn() -> nn.Module:
     ).double()
 
 
+def _norms_cnn() -> nn.Module:
+    """The layers whose per-example gradients are formed directly: InstanceNorm, PReLU,
+    LayerNorm (over trailing dims, and one shared by two calls)."""
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = nn.Conv2d(1, 4, 3, padding=1)
+            self.instance = nn.InstanceNorm2d(4, affine=True)
+            self.prelu = nn.PReLU(4)
+            self.layer = nn.LayerNorm(8)
+            self.head = nn.Linear(4 * 8 * 8, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.layer(self.prelu(self.instance(self.conv(x))))
+            return self.head(self.layer(torch.tanh(h)).flatten(1))
+
+    return Net().double()
+
+
 def _images(n: int, seed: int = 0) -> TensorDataset:
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 1, 8, 8, generator=gen, dtype=torch.float64)
@@ -61,12 +82,13 @@ def _first_logical_step(loader, model, optimizer, reduction):
         (2, 3, "sum", False, 0.0, 1e3),
     ],
 )
+@pytest.mark.parametrize("build", [_cnn, _norms_cnn], ids=["cnn", "norm-layers"])
 def test_one_logical_step_is_the_reference_clipped_sum_plus_noise_over_qn(
-    augmult, physical, reduction, normalize, sigma, clip
+    augmult, physical, reduction, normalize, sigma, clip, build
 ):
     # A small clip norm clips every example; a large one none, so that the rescaling of the
     # loss reduction (invisible once clipped) is checked too.
-    model = _cnn()
+    model = build()
     data = _images(40)
     batch_size, seed = 8, 3
     engine = PrivacyEngine()
@@ -249,8 +271,14 @@ def _make(model, **options):
 def test_refusals():
     with pytest.raises(DPVisionError, match="BatchNorm"):
         _make(nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2)))
-    with pytest.raises(DPVisionError, match="does not support LayerNorm"):
-        _make(nn.Sequential(nn.Flatten(), nn.Linear(64, 3), nn.LayerNorm(3)))
+    with pytest.raises(DPVisionError, match="does not support RMSNorm"):
+        _make(nn.Sequential(nn.Flatten(), nn.Linear(64, 3), nn.RMSNorm(3)))
+    with pytest.raises(DPVisionError, match="track_running_stats=False"):
+        _make(
+            nn.Sequential(
+                nn.Conv2d(1, 2, 3), nn.InstanceNorm2d(2, affine=True, track_running_stats=True)
+            )
+        )
     with pytest.raises(DPVisionError, match="Poisson"):
         _make(nn.Linear(3, 3), poisson_sampling=False)
     with pytest.raises(DPVisionError, match="loss_reduction"):
@@ -267,3 +295,26 @@ def test_refusals():
     private, _, _ = _make(nn.Sequential(nn.Flatten(), nn.Linear(64, 3)).double(), augmult=2)
     with pytest.raises(DPVisionError, match="multiple of augmult"):
         private(torch.zeros(3, 1, 8, 8, dtype=torch.float64))
+
+
+def test_opacus_style_accountant_reports_the_ledger_epsilon():
+    # Opacus' examples call privacy_engine.accountant.get_epsilon(delta=...).
+    model = _cnn()
+    engine = PrivacyEngine(accountant="rdp")
+    private, optimizer, loader = engine.make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(_images(40), batch_size=8),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        seed=0,
+    )
+    assert engine.accountant.get_epsilon(delta=1e-5) == 0.0
+    for x, y in loader:
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(private(x), y).backward()
+        optimizer.step()
+    assert len(engine.accountant) == optimizer.steps == 5
+    assert engine.accountant.mechanism() == "rdp"
+    epsilon = engine.accountant.get_epsilon(delta=1e-5, eps_error=0.01)
+    assert epsilon == engine.get_epsilon(1e-5) == engine.ledger.epsilon(1e-5, "rdp") > 0

@@ -51,6 +51,28 @@ class _OddConvs(nn.Module):
         return self.head(torch.tanh(self.c(h)).flatten(1))
 
 
+class _NormLayers(nn.Module):
+    """LayerNorm on (N, T, d) (one called twice) and over two trailing dims, PReLU with one
+    and with per-channel parameters, affine InstanceNorm2d."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3)
+        self.instance = nn.InstanceNorm2d(4, affine=True)
+        self.prelu_c = nn.PReLU(4)
+        self.embed = nn.Linear(4, 8)
+        self.layer = nn.LayerNorm(8)
+        self.layer_2d = nn.LayerNorm((36, 8))
+        self.prelu = nn.PReLU()
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.prelu_c(self.instance(self.conv(x)))  # (N, 4, 6, 6)
+        tokens = self.layer(self.embed(h.flatten(2).transpose(1, 2)))  # (N, 36, 8)
+        tokens = self.layer(self.prelu(self.layer_2d(tokens)))
+        return self.head(tokens.mean(1))
+
+
 MODELS = {
     "tanh-mnist": (lambda: tanh_cnn((1, 28, 28)), (1, 28, 28)),
     "tanh-cifar": (lambda: tanh_cnn((3, 32, 32)), (3, 32, 32)),
@@ -59,6 +81,7 @@ MODELS = {
     "wrn-10-1": (lambda: wide_resnet(depth=10, width=1), (3, 16, 16)),
     "seq-mlp": (_SeqMLP, (4, 6)),
     "odd-convs": (_OddConvs, (2, 12, 14)),
+    "norm-layers": (_NormLayers, (2, 8, 8)),
 }
 
 
@@ -144,11 +167,13 @@ def test_mask_and_nonfinite_examples_are_zeroed_and_counted():
         torch.testing.assert_close(value, only_good.grads[name], rtol=1e-9, atol=1e-12)
 
 
-def test_one_huge_example_moves_the_sum_by_at_most_the_clip_norm():
+@pytest.mark.parametrize("name", ["tanh-mnist", "norm-layers"])
+def test_one_huge_example_moves_the_sum_by_at_most_the_clip_norm(name):
+    build, shape = MODELS[name]
     torch.manual_seed(8)
-    model = tanh_cnn((1, 28, 28)).double()
-    x, y = _data((1, 28, 28), 4, 0, seed=9)
-    huge = 1e3 * torch.randn(1, 1, 28, 28, generator=torch.Generator().manual_seed(10)).double()
+    model = build().double()
+    x, y = _data(shape, 4, 0, seed=9)
+    huge = 1e3 * torch.randn(1, *shape, generator=torch.Generator().manual_seed(10)).double()
     clip = 0.3
     a = bookkeeping_clipped_gradient_sum(model, LOSS, x, y, max_grad_norm=clip)
     b = bookkeeping_clipped_gradient_sum(
@@ -171,7 +196,7 @@ class _RawScale(nn.Module):
 
 
 @pytest.mark.parametrize(
-    "extra", [_RawScale, lambda: nn.LayerNorm(3)], ids=["raw-parameter", "layernorm"]
+    "extra", [_RawScale, lambda: nn.RMSNorm(3)], ids=["raw-parameter", "rmsnorm"]
 )
 def test_unsupported_layers_fall_back_to_vmap(extra):
     torch.manual_seed(11)

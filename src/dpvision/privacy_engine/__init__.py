@@ -39,8 +39,9 @@ What happens, in Opacus' terms:
   the plain module: any batch size, nothing recorded.
 
 Unlike Opacus, only Poisson sampling is offered (the accountant assumes it), and only
-layers that book-keeping supports (``nn.Linear``, ``nn.Conv2d``, ``WSConv2d``, affine
-``nn.GroupNorm``) may have trainable parameters. What cannot be clipped per example is
+layers that book-keeping supports (``nn.Linear``, ``nn.Conv2d``, ``WSConv2d``,
+``nn.GroupNorm``, ``nn.LayerNorm``, ``nn.InstanceNorm*d``, ``nn.PReLU``) may have
+trainable parameters. What cannot be clipped per example is
 refused with a one-line :class:`~dpvision.errors.DPVisionError`, never clipped per row: a
 layer whose rows are not the examples (folded positions, a sequence-first input, examples
 mixed before it), two forward passes before one step (unless inside
@@ -50,8 +51,8 @@ discarded, never released with the next batch.
 """
 
 from dpvision.privacy_engine.data_loader import DPDataLoader
-from dpvision.privacy_engine.engine import PrivacyEngine
+from dpvision.privacy_engine.engine import LedgerAccountant, PrivacyEngine
 from dpvision.privacy_engine.module import PrivateModule
 from dpvision.privacy_engine.optimizer import DPOptimizer
 
-__all__ = ["DPDataLoader", "DPOptimizer", "PrivacyEngine", "PrivateModule"]
+__all__ = ["DPDataLoader", "DPOptimizer", "LedgerAccountant", "PrivacyEngine", "PrivateModule"]

@@ -36,13 +36,16 @@ class PrivacyEngine:
 
     Attributes:
       ledger: every noisy release made through this engine, the only input to ε.
+      accountant: as Opacus' ``privacy_engine.accountant``: ``get_epsilon(delta)`` and
+        ``mechanism()`` (the ledger is what it accounts).
     """
 
     def __init__(self, accountant: str = "pld") -> None:
-        self.accountant = parse_accountant(accountant)
-        if self.accountant is Accountant.GAUSSIAN:
+        kind = parse_accountant(accountant)
+        if kind is Accountant.GAUSSIAN:
             raise DPVisionError("the gaussian accountant cannot account for Poisson sampling")
         self.ledger = PrivacyLedger()
+        self.accountant = LedgerAccountant(kind, self.ledger)
         self.optimizer: DPOptimizer | None = None
 
     def make_private(
@@ -200,7 +203,7 @@ class PrivacyEngine:
             target_delta=target_delta,
             sample_rate=sample_rate,
             steps=epochs * math.ceil(1 / sample_rate),
-            accountant=self.accountant,
+            accountant=self.accountant.kind,
             preceding_event=self.ledger.dp_event() if len(self.ledger) else None,
         )
         return self.make_private(
@@ -214,4 +217,28 @@ class PrivacyEngine:
 
     def get_epsilon(self, delta: float) -> float:
         """ε at ``delta`` of everything this engine released, by its accountant."""
-        return self.ledger.epsilon(delta, accountant=self.accountant)
+        return self.accountant.get_epsilon(delta)
+
+
+class LedgerAccountant:
+    """What Opacus code reads as ``privacy_engine.accountant``: ε of the engine's ledger.
+
+    Unlike Opacus' accountants it keeps no history of its own: the ledger of the steps that
+    ran is the only input, so ``get_epsilon`` can never disagree with ``engine.ledger``.
+    """
+
+    def __init__(self, kind: Accountant, ledger: PrivacyLedger) -> None:
+        self.kind, self.ledger = kind, ledger
+
+    def get_epsilon(self, delta: float, **_: object) -> float:
+        """ε at ``delta`` (Opacus' extra keywords, e.g. ``eps_error``, are accepted and
+        ignored: the accountant's own tolerance applies)."""
+        return self.ledger.epsilon(delta, accountant=self.kind)
+
+    def mechanism(self) -> str:
+        """The accountant's name (``pld``, ``rdp`` or ``classic-rdp``), as Opacus'."""
+        return str(self.kind.value)
+
+    def __len__(self) -> int:
+        """The number of noisy steps accounted (Opacus: the length of the history)."""
+        return int(self.ledger.total_count)

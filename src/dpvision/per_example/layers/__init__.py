@@ -15,15 +15,17 @@ the clipped sum Σᵢ cᵢGᵢ is one weighted weight-gradient product (book-kee
 backward pass).
 
 Supported: ``nn.Linear``, ``nn.Conv2d`` (zeros padding, ``groups=1``), ``WSConv2d``
-(gradients mapped through the weight standardisation to the raw weight and the gain) and
-affine ``nn.GroupNorm``. An example's K augmented views are grouped as one example: its
-activations have K·T positions.
+(gradients mapped through the weight standardisation to the raw weight and the gain), and
+the layers whose per-example gradients are small and formed directly: affine
+``nn.GroupNorm``, ``nn.LayerNorm`` (any leading shape), ``nn.InstanceNorm1d/2d/3d``
+(without running statistics) and ``nn.PReLU``. An example's K augmented views are grouped
+as one example: its activations have K·T positions.
 """
 
 from torch import nn
 
 # Importing the rule modules registers their layer types.
-from dpvision.per_example.layers import dense, group_norm
+from dpvision.per_example.layers import dense, group_norm, instance_norm, layer_norm, prelu
 from dpvision.per_example.layers.base import (
     MATERIALISE_BYTES,
     RULES,
@@ -44,7 +46,10 @@ __all__ = [
     "Strategy",
     "dense",
     "group_norm",
+    "instance_norm",
+    "layer_norm",
     "layer_terms",
+    "prelu",
     "register_rule",
     "sum_calls",
     "unsupported_reason",

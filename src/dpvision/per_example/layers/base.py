@@ -105,3 +105,39 @@ def register_rule(
         return terms
 
     return register
+
+
+class SmallRowsTerms(LayerTerms):
+    """A layer whose per-example parameter gradients are small (B × p, p the parameter
+    count): they are formed directly from each call (``rows``) and summed per example over
+    calls and views. Subclasses give :meth:`parts`, each parameter's (B·K, p) rows of one
+    call."""
+
+    def __init__(
+        self, module: nn.Module, calls: list[Call], views: int, strategy: Strategy = "auto"
+    ) -> None:
+        self.rows: dict[str, torch.Tensor] = {}
+        for x, g in calls:
+            for name, rows in self.parts(module, x, g).items():
+                if trainable(getattr(module, name)):
+                    summed = grouped(rows.reshape(rows.shape[0], -1), views)
+                    self.rows[name] = self.rows[name] + summed if name in self.rows else summed
+        first = calls[0][0]
+        self.sq_norms = first.new_zeros(first.shape[0] // views)
+        for rows in self.rows.values():
+            self.sq_norms = self.sq_norms + rows.pow(2).sum(1)
+        self.shapes = {name: getattr(module, name).shape for name in self.rows}
+
+    @abstractmethod
+    def parts(self, module: nn.Module, x: torch.Tensor, g: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per-row gradients of each parameter for one call (input ``x``, output grad ``g``)."""
+
+    def clipped_sum(
+        self, scale: torch.Tensor, drop: torch.Tensor | None
+    ) -> dict[str, torch.Tensor]:
+        out = {}
+        for name, rows in self.rows.items():
+            if drop is not None:
+                rows = rows.masked_fill(drop[:, None], 0)
+            out[name] = (scale.to(rows.dtype) @ rows).reshape(self.shapes[name])
+        return out

@@ -1,0 +1,27 @@
+"""The rule of ``nn.LayerNorm`` (elementwise affine) on any leading shape (B, …, *shape):
+example i's gradients are Σ over its positions of g ⊙ x̂ (scale) and g (offset)."""
+
+import math
+
+import torch
+import torch.nn.functional as F  # noqa: N812 (the usual PyTorch alias)
+from torch import nn
+
+from dpvision.per_example.layers.base import SmallRowsTerms, register_rule
+
+
+@register_rule(nn.LayerNorm)
+class LayerNormTerms(SmallRowsTerms):
+    """LayerNorm: rows (B, ∏ normalized_shape) of Σₜ gₜ ⊙ x̂ₜ and Σₜ gₜ."""
+
+    def parts(self, module: nn.Module, x: torch.Tensor, g: torch.Tensor) -> dict[str, torch.Tensor]:
+        assert isinstance(module, nn.LayerNorm)
+        shape = tuple(module.normalized_shape)
+        with torch.no_grad():
+            normalised = F.layer_norm(x, shape, eps=module.eps)
+        size = math.prod(shape)
+        flat_g = g.reshape(g.shape[0], -1, size)
+        return {
+            "weight": torch.einsum("bti,bti->bi", flat_g, normalised.reshape_as(flat_g)),
+            "bias": flat_g.sum(1),
+        }

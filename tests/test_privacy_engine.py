@@ -318,3 +318,24 @@ def test_opacus_style_accountant_reports_the_ledger_epsilon():
     assert engine.accountant.mechanism() == "rdp"
     epsilon = engine.accountant.get_epsilon(delta=1e-5, eps_error=0.01)
     assert epsilon == engine.get_epsilon(1e-5) == engine.ledger.epsilon(1e-5, "rdp") > 0
+
+
+def test_token_models_with_embeddings_clip_per_example():
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Embedding(7, 5, padding_idx=0), nn.LayerNorm(5), nn.Flatten(), nn.Linear(30, 3)
+    ).double()
+    gen = torch.Generator().manual_seed(1)
+    data = TensorDataset(torch.randint(0, 7, (40, 6), generator=gen), torch.randint(0, 3, (40,)))
+    private, optimizer, loader = PrivacyEngine().make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.0),
+        data_loader=DataLoader(data, batch_size=8),
+        noise_multiplier=0.0,
+        max_grad_norm=0.05,
+        seed=1,
+    )
+    (x, y), *_ = _first_logical_step(loader, private, optimizer, "mean")
+    expected = clipped_gradient_sum(model, ROW_LOSS, x, y, max_grad_norm=0.05)
+    for name, param in model.named_parameters():
+        torch.testing.assert_close(param.grad, expected.grads[name] / 8, rtol=1e-9, atol=1e-12)

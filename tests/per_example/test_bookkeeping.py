@@ -286,3 +286,39 @@ def test_a_gradient_that_cancels_to_zero_is_not_mistaken_for_an_outside_use(view
     got = clip_and_sum(model, LOSS, x, y, max_grad_norm=1.0, views=True, method="bookkeeping")
     expected = clipped_gradient_sum(model, LOSS, x, y, max_grad_norm=1.0, views=True)
     _assert_same(got, expected, rtol=1e-3, atol=5e-4)  # float32, summed in other orders
+
+
+class _Tokens(nn.Module):
+    """Token ids → Embedding (padding row 0, looked up twice) → LayerNorm → Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(7, 5, padding_idx=0)
+        self.norm = nn.LayerNorm(5)
+        self.head = nn.Linear(5, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(self.embed(x)) + self.embed(x.flip(-1))
+        return self.head(h.mean(1))
+
+
+@pytest.mark.parametrize("views", [0, 3])
+def test_embedding_equals_vmap_reference(views):
+    torch.manual_seed(15)
+    model = _Tokens().double()
+    gen = torch.Generator().manual_seed(16)
+    lead = (5, views) if views else (5,)
+    x = torch.randint(0, 7, (*lead, 6), generator=gen)
+    y = torch.randint(0, 3, (5,), generator=gen)
+    norms = clipped_gradient_sum(model, LOSS, x, y, max_grad_norm=1.0, views=bool(views)).norms
+    clip = float(norms.median())
+    expected = clipped_gradient_sum(model, LOSS, x, y, max_grad_norm=clip, views=bool(views))
+    got = bookkeeping_clipped_gradient_sum(model, LOSS, x, y, max_grad_norm=clip, views=bool(views))
+    _assert_same(got, expected)
+    assert supports_bookkeeping(model)
+    assert float(got.grads["embed.weight"][0].abs().max()) == 0.0  # the padding row
+
+
+def test_embedding_options_that_break_per_example_clipping_are_refused():
+    assert not supports_bookkeeping(nn.Sequential(nn.Embedding(5, 3, max_norm=1.0)))
+    assert not supports_bookkeeping(nn.Sequential(nn.Embedding(5, 3, sparse=True)))

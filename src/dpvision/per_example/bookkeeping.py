@@ -25,7 +25,8 @@ exception is raised; no ``.grad`` is written.
 
 Limitations: every trainable parameter must belong to a ``nn.Linear``, ``nn.Conv2d`` (zeros
 padding, ``groups=1``), :class:`~dpvision.models.WSConv2d`, ``nn.GroupNorm``,
-``nn.LayerNorm``, ``nn.InstanceNorm1d/2d/3d`` (no running statistics) or ``nn.PReLU`` and be
+``nn.LayerNorm``, ``nn.InstanceNorm1d/2d/3d`` (no running statistics), ``nn.PReLU`` or
+``nn.Embedding`` and be
 used only through that layer's ``forward``; parameters must not be shared between layers
 (a layer called several times is fine); ``loss_fn`` must return one loss per row.
 """

@@ -40,11 +40,11 @@ What happens, in Opacus' terms:
 
 Unlike Opacus, only Poisson sampling is offered (the accountant assumes it), and only
 layers that book-keeping supports (``nn.Linear``, ``nn.Conv2d``, ``WSConv2d``,
-``nn.GroupNorm``, ``nn.LayerNorm``, ``nn.InstanceNorm*d``, ``nn.PReLU``) may have
-trainable parameters. What cannot be clipped per example is
-refused with a one-line :class:`~dpvision.errors.DPVisionError`, never clipped per row: a
-layer whose rows are not the examples (folded positions, a sequence-first input, examples
-mixed before it), two forward passes before one step (unless inside
+``nn.GroupNorm``, ``nn.LayerNorm``, ``nn.InstanceNorm*d``, ``nn.PReLU``, ``nn.Embedding``)
+may have trainable parameters. What cannot be clipped per example is refused with a
+one-line :class:`~dpvision.errors.DPVisionError`, never clipped per row: a layer whose
+rows are not the examples (folded positions, a sequence-first input, examples mixed
+before it), two forward passes before one step (unless inside
 :meth:`PrivateModule.same_examples`), or a parameter used outside its layer's ``forward``.
 A loop that leaves a logical batch after a non-final chunk has that chunk's clipped sum
 discarded, never released with the next batch.

@@ -18,14 +18,22 @@ Supported: ``nn.Linear``, ``nn.Conv2d`` (zeros padding, ``groups=1``), ``WSConv2
 (gradients mapped through the weight standardisation to the raw weight and the gain), and
 the layers whose per-example gradients are small and formed directly: affine
 ``nn.GroupNorm``, ``nn.LayerNorm`` (any leading shape), ``nn.InstanceNorm1d/2d/3d``
-(without running statistics) and ``nn.PReLU``. An example's K augmented views are grouped
+(without running statistics) and ``nn.PReLU``; and ``nn.Embedding``, by a ghost sum over
+each example's tokens. An example's K augmented views are grouped
 as one example: its activations have K·T positions.
 """
 
 from torch import nn
 
 # Importing the rule modules registers their layer types.
-from dpvision.per_example.layers import dense, group_norm, instance_norm, layer_norm, prelu
+from dpvision.per_example.layers import (
+    dense,
+    embedding,
+    group_norm,
+    instance_norm,
+    layer_norm,
+    prelu,
+)
 from dpvision.per_example.layers.base import (
     MATERIALISE_BYTES,
     RULES,
@@ -45,6 +53,7 @@ __all__ = [
     "Rule",
     "Strategy",
     "dense",
+    "embedding",
     "group_norm",
     "instance_norm",
     "layer_norm",

@@ -322,3 +322,22 @@ def test_embedding_equals_vmap_reference(views):
 def test_embedding_options_that_break_per_example_clipping_are_refused():
     assert not supports_bookkeeping(nn.Sequential(nn.Embedding(5, 3, max_norm=1.0)))
     assert not supports_bookkeeping(nn.Sequential(nn.Embedding(5, 3, sparse=True)))
+
+
+def test_one_added_token_sequence_moves_the_embedding_sum_by_at_most_the_clip_norm():
+    torch.manual_seed(17)
+    model = _Tokens().double()
+    with torch.no_grad():
+        model.head.weight.mul_(1e3)  # the added example's gradient is huge: it must be clipped
+    assert supports_bookkeeping(model)
+    gen = torch.Generator().manual_seed(18)
+    x, y = torch.randint(0, 7, (4, 6), generator=gen), torch.randint(0, 3, (4,), generator=gen)
+    extra = torch.tensor([[3, 3, 3, 5, 5, 1]])
+    clip = 0.3
+    a = bookkeeping_clipped_gradient_sum(model, LOSS, x, y, max_grad_norm=clip)
+    b = bookkeeping_clipped_gradient_sum(
+        model, LOSS, torch.cat([x, extra]), torch.cat([y, y[:1]]), max_grad_norm=clip
+    )
+    change = math.sqrt(sum(float((b.grads[k] - a.grads[k]).pow(2).sum()) for k in a.grads))
+    assert b.norms[-1] > clip
+    assert 0.99 * clip <= change <= clip * (1 + 1e-9)

@@ -29,8 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load as load_safetensors
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as save_safetensors
 from torch import nn
 
@@ -223,13 +222,11 @@ def load_model(path: str | Path) -> TrainedModel:
     path = Path(path)
     if not path.is_file():
         raise DPVisionError(f"{path}: no such model file")
-    raw = path.read_bytes()
     try:
-        tensors = load_safetensors(raw)
-        header_size = int.from_bytes(raw[:8], "little")
-        metadata = json.loads(raw[8 : 8 + header_size]).get("__metadata__") or {}
-        document = json.loads(metadata["dpvision"])
-    except (SafetensorError, ValueError, KeyError, TypeError):
+        with safe_open(path, framework="pt") as handle:
+            document = json.loads((handle.metadata() or {})["dpvision"])
+            tensors = {key: handle.get_tensor(key) for key in handle.keys()}  # noqa: SIM118
+    except (SafetensorError, OSError, ValueError, KeyError, TypeError):
         raise DPVisionError(
             f"{path} is not a dpvision model file (dpvision train --save)"
         ) from None

@@ -58,8 +58,9 @@ def test_validator_message_names_the_path_and_the_fix():
     with pytest.raises(DPVisionError) as error:
         validate_model(model_with_batchnorm())
     assert str(error.value) == (
-        "replace BatchNorm2d at layer '0.3' with GroupNorm (e.g. nn.GroupNorm(12, 24)): "
-        "BatchNorm mixes examples in a batch, which breaks per-example clipping "
+        "replace BatchNorm2d at layer '0.3' with GroupNorm (e.g. nn.GroupNorm(12, 24)) or "
+        "freeze its statistics to fine-tune (freeze_batchnorm(model)): BatchNorm mixes "
+        "examples in a batch, which breaks per-example clipping "
         "(and 1 more such layer; replace_batchnorm(model) fixes them all)"
     )
 

@@ -23,19 +23,21 @@ data-dependent control flow.
 torch.Size([2, 10])
 """
 
-from dpvision.models.layers import WSConv2d
+from dpvision.models.layers import FrozenBatchNorm, WSConv2d
 from dpvision.models.mlp import MLP, mlp
 from dpvision.models.scatter_cnn import ScatterCNN, scatter_cnn
 from dpvision.models.tanh_cnn import TanhCNN, tanh_cnn
-from dpvision.models.validation import replace_batchnorm, validate_model
+from dpvision.models.validation import freeze_batchnorm, replace_batchnorm, validate_model
 from dpvision.models.wide_resnet import WideResNet, wide_resnet
 
 __all__ = [
     "MLP",
+    "FrozenBatchNorm",
     "ScatterCNN",
     "TanhCNN",
     "WSConv2d",
     "WideResNet",
+    "freeze_batchnorm",
     "mlp",
     "replace_batchnorm",
     "scatter_cnn",

@@ -136,3 +136,57 @@ class WSConv2d(nn.Module):
             f"{self.in_channels}, {self.out_channels}, kernel_size={self.kernel_size}, "
             f"stride={self.stride}, padding={self.padding!r}"
         )
+
+
+class FrozenBatchNorm(nn.Module):
+    """BatchNorm with frozen running statistics and a trainable affine (scale and offset).
+
+    For fine-tuning a pre-trained CNN with DP-SGD: every example is normalised with the
+    statistics the pre-training left, in training as in evaluation, so no example's output
+    depends on another's. Unlike torchvision's ``FrozenBatchNorm2d``, ``weight`` and ``bias``
+    stay parameters (trainable unless you freeze them). Its ``state_dict`` keys are
+    BatchNorm's, so pre-trained checkpoints load unchanged.
+
+    Args:
+        num_features: Channels C (dimension 1 of the input).
+        eps: Added to the variance.
+    """
+
+    running_mean: torch.Tensor
+    running_var: torch.Tensor
+
+    def __init__(self, num_features: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.num_features, self.eps = num_features, eps
+        self.weight = nn.Parameter(torch.ones(num_features))
+        self.bias = nn.Parameter(torch.zeros(num_features))
+        self.register_buffer("running_mean", torch.zeros(num_features))
+        self.register_buffer("running_var", torch.ones(num_features))
+        self.register_buffer("num_batches_tracked", torch.tensor(0, dtype=torch.long))
+
+    @classmethod
+    def from_batch_norm(cls, norm: nn.modules.batchnorm._BatchNorm) -> "FrozenBatchNorm":
+        """The frozen copy of ``norm``: its statistics, its affine (ones and zeros if none)."""
+        if norm.running_mean is None or norm.running_var is None:
+            raise DPVisionError(
+                f"cannot freeze {type(norm).__name__} without running statistics "
+                "(track_running_stats=False); replace it with GroupNorm instead"
+            )
+        frozen = cls(int(norm.num_features), eps=float(norm.eps))
+        with torch.no_grad():
+            frozen.running_mean.copy_(norm.running_mean)
+            frozen.running_var.copy_(norm.running_var)
+            if norm.affine:
+                frozen.weight.copy_(norm.weight)
+                frozen.bias.copy_(norm.bias)
+        return frozen.to(norm.running_mean.device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalises ``x`` (N, C, ...) with the running statistics, then scales and offsets."""
+        return F.batch_norm(
+            x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps
+        )
+
+    def extra_repr(self) -> str:
+        """Describes the layer in ``print(model)``."""
+        return f"{self.num_features}, eps={self.eps}"

@@ -4,7 +4,9 @@ DP-SGD clips each example's gradient, which bounds one example's influence only 
 of an example depends on that example alone. Batch normalisation breaks this: in training it
 normalises with statistics of the whole batch, and its running statistics are averages over
 examples. :func:`validate_model` rejects such layers; :func:`replace_batchnorm` swaps them for
-GroupNorm, like Opacus' ``ModuleValidator.fix``.
+GroupNorm, like Opacus' ``ModuleValidator.fix``, and :func:`freeze_batchnorm` for
+:class:`~dpvision.models.layers.FrozenBatchNorm` (pre-trained statistics kept, for
+fine-tuning).
 """
 
 import copy
@@ -14,27 +16,46 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.instancenorm import _InstanceNorm
 
 from dpvision.errors import DPVisionError
+from dpvision.models.layers import FrozenBatchNorm
 
 
 def _layer_name(path: str) -> str:
     return f"layer '{path}'" if path else "the model's root"
 
 
+def batch_norm_problem(module: nn.Module, where: str) -> str | None:
+    """Why the BatchNorm ``module`` at ``where`` mixes examples, with both fixes, or None.
+
+    BatchNorm in training mode normalises with statistics of the whole batch; in evaluation
+    mode with running statistics (frozen) it normalises each example on its own, like
+    :class:`~dpvision.models.layers.FrozenBatchNorm`.
+    """
+    if not isinstance(module, _BatchNorm):
+        return None
+    if not module.training and module.running_mean is not None:
+        return None
+    channels = int(module.num_features)
+    example = (
+        f"nn.GroupNorm({_largest_divisor_at_most(channels, 16)}, {channels})"
+        if channels > 0
+        else "nn.GroupNorm(16, C)"
+    )
+    fixes = f"with GroupNorm (e.g. {example})"
+    if module.running_mean is not None:
+        fixes += " or freeze its statistics to fine-tune (freeze_batchnorm(model))"
+    return (
+        f"replace {type(module).__name__} at {where} {fixes}: BatchNorm mixes examples in a "
+        "batch, which breaks per-example clipping"
+    )
+
+
 def _problems(model: nn.Module) -> list[str]:
     problems = []
     for path, module in model.named_modules():
         kind = type(module).__name__
-        if isinstance(module, _BatchNorm):  # BatchNorm1d/2d/3d, SyncBatchNorm, lazy variants.
-            channels = int(module.num_features)
-            example = (
-                f"nn.GroupNorm({_largest_divisor_at_most(channels, 16)}, {channels})"
-                if channels > 0
-                else "nn.GroupNorm(16, C)"
-            )
-            problems.append(
-                f"replace {kind} at {_layer_name(path)} with GroupNorm (e.g. {example}): "
-                "BatchNorm mixes examples in a batch, which breaks per-example clipping"
-            )
+        problem = batch_norm_problem(module, _layer_name(path))
+        if problem is not None:  # BatchNorm1d/2d/3d, SyncBatchNorm, lazy variants.
+            problems.append(problem)
         elif isinstance(module, _InstanceNorm) and module.track_running_stats:
             problems.append(
                 f"replace {kind} at {_layer_name(path)} with one that has "
@@ -47,9 +68,13 @@ def _problems(model: nn.Module) -> list[str]:
 def validate_model(model: nn.Module) -> None:
     """Raises if any layer of ``model`` mixes the examples of a batch.
 
-    Rejected: every BatchNorm (``BatchNorm1d/2d/3d``, ``SyncBatchNorm`` and the lazy
-    variants) and InstanceNorm with ``track_running_stats=True``. GroupNorm, LayerNorm and
-    InstanceNorm without running statistics normalise each example on its own and are fine.
+    Rejected: BatchNorm (``BatchNorm1d/2d/3d``, ``SyncBatchNorm`` and the lazy variants) in
+    training mode or without running statistics, and InstanceNorm with
+    ``track_running_stats=True``. GroupNorm, LayerNorm, InstanceNorm without running
+    statistics, :class:`~dpvision.models.layers.FrozenBatchNorm` and BatchNorm in evaluation
+    mode normalise each example on its own and are fine (a trainer that calls
+    ``model.train()`` turns BatchNorm back to batch statistics: use
+    :func:`freeze_batchnorm` there).
 
     Args:
         model: The model to check.
@@ -141,3 +166,29 @@ def replace_batchnorm(model: nn.Module, groups: int = 16) -> nn.Module:
             if needs_fix(child):
                 setattr(parent, name, _group_norm_for(child, groups))
     return fixed
+
+
+def freeze_batchnorm(model: nn.Module) -> nn.Module:
+    """Returns a copy of ``model`` whose BatchNorm layers use their running statistics only.
+
+    Every ``BatchNorm1d/2d/3d`` and ``SyncBatchNorm`` becomes a
+    :class:`~dpvision.models.layers.FrozenBatchNorm` with its statistics, ``eps``, scale and
+    offset: the model computes what it computed in evaluation mode, in training mode too,
+    and the scale and offset stay trainable (per-example clipping has a rule for them). The
+    way to fine-tune a pre-trained CNN with DP-SGD without re-learning normalisation from
+    scratch (:func:`replace_batchnorm` starts fresh GroupNorm layers instead). ``model``
+    itself is left unchanged.
+
+    Raises:
+        DPVisionError: a BatchNorm without running statistics (nothing to freeze).
+    """
+    if isinstance(model, _BatchNorm):
+        return FrozenBatchNorm.from_batch_norm(model)
+    frozen = copy.deepcopy(model)
+    for _, parent in list(frozen.named_modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, _BatchNorm):
+                replacement = FrozenBatchNorm.from_batch_norm(child)
+                replacement.train(child.training)
+                setattr(parent, name, replacement)
+    return frozen

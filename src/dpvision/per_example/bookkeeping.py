@@ -45,8 +45,8 @@ from dpvision.per_example import batch_layout
 from dpvision.per_example.layers import (
     LayerTerms,
     Strategy,
+    claims,
     layer_terms,
-    unsupported_reason,
 )
 from dpvision.per_example.reference import ClippedGradientSum, clipped_gradient_sum
 from dpvision.per_example.tape import ActivationTape, UnsupportedError, tracked_layers
@@ -64,11 +64,7 @@ class ClippingMethod(StrEnum):
 
 def unsupported_layers(model: nn.Module) -> list[str]:
     """One line for each layer whose trainable parameters book-keeping cannot handle."""
-    problems = []
-    for path, module in model.named_modules():
-        reason = unsupported_reason(module)
-        if reason is not None:
-            problems.append(f"{reason} at {path or 'the root'}")
+    problems = [p for claim in claims(model) if (p := claim.problem()) is not None]
     owners: dict[int, str] = {}
     for name, param in model.named_parameters(remove_duplicate=False):
         if param.requires_grad and id(param) in owners:
@@ -189,7 +185,7 @@ def _bookkeeping_sum(
             tape.set_edge_grads(grads[:edges])
         terms = []
         for path, module, calls in tape.calls():
-            if any(x.shape[0] != batch * k or g.shape[0] != batch * k for x, g in calls):
+            if any(n != batch * k for call in calls for n in tape.rows(module, call)):
                 raise UnsupportedError(f"layer {path or 'root'} did not see one row per view")
             terms.append((path, layer_terms(module, calls, k, strategy)))
     if verify is not None:

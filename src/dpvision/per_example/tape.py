@@ -18,34 +18,62 @@ from torch import nn
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 
 from dpvision.errors import DPVisionError
-from dpvision.per_example.layers import Call
+from dpvision.per_example.layers import (
+    Call,
+    Claim,
+    ParameterTaps,
+    UnsupportedError,
+    claims,
+    output_tensors,
+)
 
-
-class UnsupportedError(DPVisionError):
-    """The model or the loss cannot go through book-keeping (the message says why)."""
+__all__ = ["ActivationTape", "UnsupportedError", "tracked_layers"]
 
 
 def tracked_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    return [
-        (path, module)
-        for path, module in model.named_modules()
-        if any(p.requires_grad for p in module.parameters(recurse=False))
-    ]
+    """(path, module) of every module whose trainable parameters a rule clips."""
+    return [(claim.path, claim.module) for claim in claims(model)]
+
+
+def _detached(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, tuple | list):
+        return type(value)(_detached(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _detached(v) for k, v in value.items()}
+    return value
+
+
+def _versions(value: Any) -> list[tuple[torch.Tensor, int]]:
+    if isinstance(value, torch.Tensor):
+        return [(value, value._version)]
+    if isinstance(value, tuple | list):
+        return [pair for v in value for pair in _versions(v)]
+    if isinstance(value, dict):
+        return [pair for v in value.values() for pair in _versions(v)]
+    return []
 
 
 class ActivationTape:
-    """Forward hooks that record each tracked layer's inputs and its output-gradient source.
+    """Forward hooks that record each claimed layer's calls and its output-gradient sources.
 
-    In ``edges`` mode the tape keeps the autograd edge of every output, for
+    What a call leaves depends on how its module is claimed
+    (:func:`~dpvision.per_example.layers.claims`): a *layer* its input tensor and one output
+    gradient, a *unit* (a layer for the ``torch.func`` rule) all its arguments and the
+    gradient of each output, an owner of *free* parameters the per-row stand-ins that
+    :class:`~dpvision.per_example.layers.ParameterTaps` made during its ``forward``, and
+    their gradients.
+
+    In ``edges`` mode the tape keeps the autograd edge of every watched tensor, for
     ``torch.autograd.grad(loss, tape.edges)`` (in-place changes of an output later in the
-    forward pass do not disturb it). In ``hooks`` mode it registers a tensor hook on every
-    output, so that an ordinary ``loss.backward()`` delivers the output gradients (this is
-    what :class:`~dpvision.privacy_engine.PrivacyEngine` uses). Calls made without autograd
+    forward pass do not disturb it). In ``hooks`` mode it registers a tensor hook on each,
+    so that an ordinary ``loss.backward()`` delivers the gradients (this is what
+    :class:`~dpvision.privacy_engine.PrivacyEngine` uses). Calls made without autograd
     (``torch.no_grad()``, evaluation) are not recorded.
 
     Args:
-      model: the model whose layers to watch; layers with trainable parameters of their
-        own are tracked.
+      model: the model whose layers to watch.
       mode: ``"edges"`` or ``"hooks"``.
     """
 
@@ -53,16 +81,20 @@ class ActivationTape:
         if mode not in ("edges", "hooks"):
             raise ValueError(f"mode must be 'edges' or 'hooks', got {mode!r}")
         self.mode = mode
-        self.layers = tracked_layers(model)
-        # (input, its version counter at the call) per call; None when no input tensor came.
-        self.inputs: dict[nn.Module, list[tuple[torch.Tensor, int] | None]] = defaultdict(list)
+        self.claims: list[Claim] = claims(model)
+        self.layers = [(claim.path, claim.module) for claim in self.claims]
+        self.kinds = {claim.module: claim.kind for claim in self.claims}
+        # What each call left (see the class docstring); None when no input tensor came.
+        self.inputs: dict[nn.Module, list[Any]] = defaultdict(list)
         # The forward pass each call belongs to (see begin_pass), and each pass's rows.
         self.call_pass: dict[nn.Module, list[int]] = defaultdict(list)
         self.pass_rows: list[int] = []
-        self.grads: dict[nn.Module, dict[int, torch.Tensor]] = defaultdict(dict)
+        # module → call index → output slot → gradient
+        self.grads: dict[nn.Module, dict[int, dict[int, torch.Tensor]]] = defaultdict(dict)
         self.edges: list[GradientEdge] = []
-        self._edge_owners: list[tuple[nn.Module, int]] = []
+        self._edge_owners: list[tuple[nn.Module, int, int]] = []
         self._handles: list[Any] = []
+        self._active: dict[nn.Module, list[ParameterTaps | None]] = defaultdict(list)
         self._paused = False
         # Whole gradients of the parameters, captured on passes that verify book-keeping.
         self.parameter_grads: dict[str, torch.Tensor] | None = None
@@ -70,10 +102,17 @@ class ActivationTape:
 
     def attach(self) -> None:
         """Registers the forward hooks (idempotent)."""
-        if not self._handles:
-            self._handles = [
-                m.register_forward_hook(self._record, with_kwargs=True) for _, m in self.layers
-            ]
+        if self._handles:
+            return
+        for claim in self.claims:
+            module = claim.module
+            if claim.kind == "free":
+                self._handles += [
+                    module.register_forward_pre_hook(self._enter, with_kwargs=True),
+                    module.register_forward_hook(self._leave, always_call=True),
+                ]
+            else:
+                self._handles.append(module.register_forward_hook(self._record, with_kwargs=True))
 
     def detach(self) -> None:
         """Removes every hook and forgets what was recorded."""
@@ -142,57 +181,120 @@ class ActivationTape:
         finally:
             self._paused = before
 
+    def _recording(self) -> bool:
+        return not self._paused and torch.is_grad_enabled()
+
+    def _new_call(self, module: nn.Module, record: Any) -> int:
+        index = len(self.inputs[module])
+        self.inputs[module].append(record)
+        self.call_pass[module].append(len(self.pass_rows) - 1)
+        return index
+
+    def _watch(self, module: nn.Module, index: int, slot: int, tensor: torch.Tensor) -> None:
+        """Arranges for the gradient of ``tensor`` to land in ``grads[module][index][slot]``."""
+        if self.mode == "edges":
+            self.edges.append(get_gradient_edge(tensor))
+            self._edge_owners.append((module, index, slot))
+        else:
+            tensor.register_hook(lambda grad: self._store(module, index, slot, grad))  # type: ignore[no-untyped-call]
+
     def _record(
         self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
     ) -> None:
-        if self._paused or not (torch.is_grad_enabled() and isinstance(output, torch.Tensor)):
+        if not self._recording():
             return
-        if not output.requires_grad:
+        if self.kinds[module] == "layer":
+            if not (isinstance(output, torch.Tensor) and output.requires_grad):
+                return
+            given = args[0] if args else kwargs.get("input")
+            record = (given.detach(), given._version) if isinstance(given, torch.Tensor) else None
+            self._watch(module, self._new_call(module, record), 0, output)
             return
-        given = args[0] if args else kwargs.get("input")
-        index = len(self.inputs[module])
-        self.inputs[module].append(
-            (given.detach(), given._version) if isinstance(given, torch.Tensor) else None
-        )
-        self.call_pass[module].append(len(self.pass_rows) - 1)
-        if self.mode == "edges":
-            self.edges.append(get_gradient_edge(output))
-            self._edge_owners.append((module, index))
-        else:
-            output.register_hook(lambda grad: self._store(module, index, grad))  # type: ignore[no-untyped-call]
+        outputs = output_tensors(output)
+        slots = [slot for slot, tensor in enumerate(outputs) if tensor.requires_grad]
+        if slots:
+            record = (_detached(args), _detached(kwargs), _versions((args, kwargs)))
+            index = self._new_call(module, record)
+            for slot in slots:
+                self._watch(module, index, slot, outputs[slot])
 
-    def _store(self, module: nn.Module, index: int, grad: torch.Tensor) -> None:
+    def _enter(self, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Before an owner of free parameters runs: substitute them where they meet rows."""
+        given = next((v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)), None)
+        if not self._recording() or given is None or given.dim() == 0:
+            self._active[module].append(None)
+            return
+        params = {n: p for n, p in module.named_parameters(recurse=False) if p.requires_grad}
+        taps: list[tuple[str, Callable[[torch.Tensor], torch.Tensor]]] = []
+        index = self._new_call(module, taps)
+
+        def on_tap(name: str, per_row: torch.Tensor, back: Any) -> None:
+            taps.append((name, back))
+            self._watch(module, index, len(taps) - 1, per_row)
+
+        mode = ParameterTaps(params, given.shape[0], on_tap)
+        mode.__enter__()
+        self._active[module].append(mode)
+
+    def _leave(self, module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        active = self._active[module]
+        mode = active.pop() if active else None
+        if mode is not None:
+            mode.__exit__(None, None, None)
+
+    def _store(self, module: nn.Module, index: int, slot: int, grad: torch.Tensor) -> None:
         # Several backward passes through one call (retain_graph) add up, as in .grad.
-        previous = self.grads[module].get(index)
+        slots = self.grads[module].setdefault(index, {})
+        previous = slots.get(slot)
         grad = grad.detach()
-        self.grads[module][index] = grad if previous is None else previous + grad
+        slots[slot] = grad if previous is None else previous + grad
 
     def set_edge_grads(self, grads: tuple[torch.Tensor | None, ...]) -> None:
         """Stores the result of ``torch.autograd.grad(loss, self.edges, allow_unused=True)``."""
-        for (module, index), grad in zip(self._edge_owners, grads, strict=True):
+        for (module, index, slot), grad in zip(self._edge_owners, grads, strict=True):
             if grad is not None:
-                self.grads[module][index] = grad.detach()
+                self.grads[module].setdefault(index, {})[slot] = grad.detach()
 
     def calls(self) -> Iterator[tuple[str, nn.Module, list[Call]]]:
-        """(path, layer, [(input, output gradient), ...]) for each layer with a gradient.
+        """(path, module, calls) for each claimed module with a gradient.
+
+        A call is ``(input, output gradient)`` for a layer, ``((args, kwargs), {slot:
+        output gradient})`` for a unit and ``(taps, gradients)`` for free parameters.
 
         Raises:
-          DPVisionError: a layer's input was not a tensor, or was modified in place after
+          UnsupportedError: a layer's input was not a tensor, or was modified in place after
             the layer used it (its recorded activation would be wrong).
         """
         for path, module in self.layers:
             inputs, grads = self.inputs.get(module, []), self.grads.get(module, {})
-            pairs = []
-            for index, grad in sorted(grads.items()):
+            kind, where = self.kinds[module], path or "the root"
+            pairs: list[Call] = []
+            for index, slots in sorted(grads.items()):
                 record = inputs[index]
-                where = path or "the root"
+                if kind == "free":
+                    pairs.append((record, tuple(slots.get(i) for i in range(len(record)))))
+                    continue
                 if record is None:
                     raise UnsupportedError(f"a call of {where} without an input tensor")
-                if record[0]._version != record[1]:
+                if kind == "layer":
+                    if record[0]._version != record[1]:
+                        raise UnsupportedError(f"an input of {where} modified in place after use")
+                    pairs.append((record[0], slots[0]))
+                    continue
+                args, kwargs, versions = record
+                if any(tensor._version != version for tensor, version in versions):
                     raise UnsupportedError(f"an input of {where} modified in place after use")
-                pairs.append((record[0], grad))
+                pairs.append(((args, kwargs), slots))
             if pairs:
                 yield path, module, pairs
+
+    def rows(self, module: nn.Module, call: Call) -> list[int]:
+        """The leading dimensions of a call's per-row tensors (all must be the batch's)."""
+        kind = self.kinds[module]
+        if kind == "layer":
+            return [call[0].shape[0], call[1].shape[0]]
+        grads = call[1].values() if kind == "unit" else call[1]
+        return [g.shape[0] for g in grads if g is not None]
 
     @contextmanager
     def attached(self) -> Iterator["ActivationTape"]:

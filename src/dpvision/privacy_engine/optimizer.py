@@ -13,7 +13,7 @@ from dpvision.errors import DPVisionError
 from dpvision.per_example.bookkeeping import clip_terms, trainable_params, unclipped_mismatch
 from dpvision.per_example.layers import layer_terms
 from dpvision.per_example.reference import ClippedGradientSum
-from dpvision.per_example.tape import ActivationTape
+from dpvision.per_example.tape import ActivationTape, UnsupportedError
 from dpvision.training.engine import GradientRelease, ParameterEMA, noisy_step
 
 
@@ -194,19 +194,24 @@ class DPOptimizer(torch.optim.Optimizer):
         if not passes:
             return
         rows = pass_rows[passes[0]]
-        for path, _, pairs in calls:
-            for x, g in pairs:
-                if x.shape[0] != rows or g.shape[0] != rows:
-                    raise DPVisionError(
-                        f"PrivacyEngine does not support layer {path or 'the root'} seeing "
-                        f"{x.shape[0]} rows in a pass over {rows}: it folds positions into the "
-                        "batch or is not batch-first; keep the examples first in every layer "
-                        "with trainable parameters"
-                    )
+        for path, module, pairs in calls:
+            seen = [n for call in pairs for n in tape.rows(module, call) if n != rows]
+            if seen:
+                raise DPVisionError(
+                    f"PrivacyEngine does not support layer {path or 'the root'} seeing "
+                    f"{seen[0]} rows in a pass over {rows}: it folds positions into the "
+                    "batch or is not batch-first; keep the examples first in every layer "
+                    "with trainable parameters"
+                )
         if rows == 0:
             return
         batch = rows // self.views
-        terms = [(path, layer_terms(module, pairs, self.views)) for path, module, pairs in calls]
+        try:
+            terms = [
+                (path, layer_terms(module, pairs, self.views)) for path, module, pairs in calls
+            ]
+        except UnsupportedError as error:
+            raise DPVisionError(f"PrivacyEngine does not support {error}") from None
         if captured is not None:
             whole = {name: captured.get(name) for name in self.params}
             reason = unclipped_mismatch(terms, whole, batch)

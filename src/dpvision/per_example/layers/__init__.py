@@ -23,16 +23,23 @@ each example's tokens. An example's K augmented views are grouped
 as one example: its activations have K·T positions.
 """
 
+import dataclasses
+from typing import Literal
+
 from torch import nn
 
 # Importing the rule modules registers their layer types.
 from dpvision.per_example.layers import (
+    attention,
+    batch_norm,
+    conv,
     dense,
     embedding,
     group_norm,
     instance_norm,
     layer_norm,
     prelu,
+    rms_norm,
 )
 from dpvision.per_example.layers.base import (
     MATERIALISE_BYTES,
@@ -41,54 +48,118 @@ from dpvision.per_example.layers.base import (
     LayerTerms,
     Rule,
     Strategy,
+    UnsupportedError,
+    output_tensors,
     register_rule,
     sum_calls,
 )
+from dpvision.per_example.layers.free_parameters import FreeParameterTerms, ParameterTaps
+from dpvision.per_example.layers.functional import FunctionalTerms
 
 __all__ = [
+    "FALLBACK",
+    "FREE",
     "MATERIALISE_BYTES",
     "RULES",
     "Call",
+    "Claim",
     "LayerTerms",
+    "ParameterTaps",
     "Rule",
     "Strategy",
+    "UnsupportedError",
+    "attention",
+    "batch_norm",
+    "claims",
+    "conv",
     "dense",
     "embedding",
     "group_norm",
     "instance_norm",
     "layer_norm",
     "layer_terms",
+    "output_tensors",
     "prelu",
     "register_rule",
+    "rms_norm",
+    "rule_of",
     "sum_calls",
-    "unsupported_reason",
 ]
 
+# A layer with trainable parameters, no children with trainable parameters and no rule of
+# its own: torch.func on that layer alone.
+FALLBACK = Rule(FunctionalTerms, lambda _: None, unit=True)
+# A container's own parameters used directly in its forward (class tokens, layer scales).
+FREE = Rule(FreeParameterTerms, lambda _: None)
 
-def unsupported_reason(module: nn.Module) -> str | None:
-    """Why book-keeping cannot handle ``module``'s own trainable parameters, or None.
 
-    Only parameters held directly by ``module`` count (children are checked on their own).
-    """
-    own = [name for name, p in module.named_parameters(recurse=False) if p.requires_grad]
-    if not own:
-        return None
+def _trainable_children(module: nn.Module) -> bool:
+    return any(p.requires_grad for child in module.children() for p in child.parameters())
+
+
+def rule_of(module: nn.Module) -> Rule:
+    """The rule that clips ``module``'s parameters: its registered one, else the per-layer
+    ``torch.func`` fallback for a leaf layer, else free parameters for a container."""
     rule = RULES.get(type(module))
-    if rule is None:
-        return f"{type(module).__name__} with trainable parameters {', '.join(own)}"
-    return rule.check(module)
+    if rule is not None:
+        return rule
+    return FREE if _trainable_children(module) else FALLBACK
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """A module whose trainable parameters one rule clips.
+
+    Attributes:
+      path: the module's name in the model ("" for the root).
+      module: the module.
+      rule: its rule (:func:`rule_of`).
+      kind: ``layer`` (recorded as (input, output grad)), ``unit`` (the whole call, and the
+        rule covers the module's subtree) or ``free`` (free parameters, through
+        :class:`ParameterTaps`).
+    """
+
+    path: str
+    module: nn.Module
+    rule: Rule
+    kind: Literal["layer", "unit", "free"]
+
+    def problem(self) -> str | None:
+        """Why the rule cannot handle this module after all (with where), or None."""
+        reason = self.rule.check(self.module)
+        return None if reason is None else f"{reason} at {self.path or 'the root'}"
+
+
+def claims(model: nn.Module) -> list[Claim]:
+    """Every module of ``model`` whose trainable parameters a rule clips, in module order.
+
+    A unit's subtree is its own: its children are not claimed again.
+    """
+    found: list[Claim] = []
+    units: list[str] = []
+    for path, module in model.named_modules():
+        if any(u == "" or path.startswith(u + ".") for u in units):
+            continue
+        own = any(p.requires_grad for p in module.parameters(recurse=False))
+        rule = rule_of(module)
+        if rule.unit and (own or (rule is not FALLBACK and _trainable_children(module))):
+            found.append(Claim(path, module, rule, "unit"))
+            units.append(path)
+        elif own:
+            found.append(Claim(path, module, rule, "free" if rule is FREE else "layer"))
+    return found
 
 
 def layer_terms(
     module: nn.Module, calls: list[Call], views: int, strategy: Strategy = "auto"
 ) -> LayerTerms:
-    """Per-example terms of ``module`` from the inputs and output gradients of its calls.
+    """Per-example terms of ``module`` from its recorded calls (see :func:`claims`).
 
     Args:
-      module: a layer that :func:`unsupported_reason` accepts.
-      calls: (input, output gradient) of every call of ``module`` in the forward pass (more
+      module: a claimed module whose :meth:`Claim.problem` is None.
+      calls: what the tape recorded of every call of ``module`` in the forward pass (more
         than one when the layer is shared); leading dimension B·K.
       views: K, the number of consecutive rows that belong to one example.
       strategy: ``ghost`` or ``materialise`` to force the norm computation (tests).
     """
-    return RULES[type(module)].terms(module, calls, views, strategy)
+    return rule_of(module).terms(module, calls, views, strategy)

@@ -9,19 +9,27 @@ parameters' gradients (:class:`LayerTerms`). Rules are registered per layer type
 import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
+from dpvision.errors import DPVisionError
+
 Strategy = Literal["auto", "ghost", "materialise"]
+
+
+class UnsupportedError(DPVisionError):
+    """The model or the loss cannot go through book-keeping (the message says why)."""
 
 
 # A layer's per-example gradients are materialised only while they fit in this many bytes.
 MATERIALISE_BYTES = 1 << 30
 
 
-Call = tuple[torch.Tensor, torch.Tensor]  # (layer input, gradient w.r.t. layer output)
+# (layer input, gradient w.r.t. layer output); for unit rules and free parameters, what
+# the tape recorded of the call (see dpvision.per_example.tape).
+Call = tuple[Any, Any]
 
 
 class LayerTerms(ABC):
@@ -56,6 +64,18 @@ def sum_calls(parts: Iterable[torch.Tensor]) -> torch.Tensor:
     return total
 
 
+def output_tensors(output: Any) -> list[torch.Tensor]:
+    """The tensors of a module's output (a tensor, or tuples, lists and dicts of them), in a
+    fixed order: the positions the tape numbers output gradients by."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, dict):
+        return [t for v in output.values() for t in output_tensors(v)]
+    if isinstance(output, tuple | list):
+        return [t for v in output for t in output_tensors(v)]
+    return []
+
+
 def sq_rows(rows: torch.Tensor) -> torch.Tensor:
     """Squared L2 norm of each row (B, ...) → (B,), without a squared temporary."""
     norms: torch.Tensor = torch.linalg.vector_norm(rows.reshape(rows.shape[0], -1), dim=1)
@@ -84,24 +104,32 @@ class Rule:
       terms: ``terms(module, calls, views, strategy)`` → the layer's :class:`LayerTerms`.
       check: why a module of this type is not supported after all (e.g. a padding mode),
         or None.
+      unit: the rule covers the module's whole subtree (its children are not clipped on
+        their own) and its calls are recorded whole: ``((args, kwargs), output grads)``
+        instead of ``(input, output grad)`` (see :mod:`~dpvision.per_example.tape`).
     """
 
-    terms: Callable[[nn.Module, list[Call], int, Strategy], LayerTerms]
+    terms: "TermsFactory"
     check: Callable[[nn.Module], str | None]
+    unit: bool = False
 
 
 RULES: dict[type[nn.Module], Rule] = {}
 
+TermsFactory = Callable[[nn.Module, list[Call], int, Strategy], LayerTerms]
+
 
 def register_rule(
-    *layer_types: type[nn.Module], check: Callable[[nn.Module], str | None] = lambda _: None
-) -> Callable[[type[LayerTerms]], type[LayerTerms]]:
-    """Class decorator: ``terms`` handles modules of exactly these types (not subclasses,
-    whose ``forward`` may differ)."""
+    *layer_types: type[nn.Module],
+    check: Callable[[nn.Module], str | None] = lambda _: None,
+    unit: bool = False,
+) -> Callable[[TermsFactory], TermsFactory]:
+    """Decorator of a :class:`LayerTerms` class (or a function returning one): it handles
+    modules of exactly these types (not subclasses, whose ``forward`` may differ)."""
 
-    def register(terms: type[LayerTerms]) -> type[LayerTerms]:
+    def register(terms: TermsFactory) -> TermsFactory:
         for layer_type in layer_types:
-            RULES[layer_type] = Rule(terms, check)
+            RULES[layer_type] = Rule(terms, check, unit)
         return terms
 
     return register
@@ -111,26 +139,30 @@ class SmallRowsTerms(LayerTerms):
     """A layer whose per-example parameter gradients are small (B × p, p the parameter
     count): they are formed directly from each call (``rows``) and summed per example over
     calls and views. Subclasses give :meth:`parts`, each parameter's (B·K, p) rows of one
-    call."""
+    call, keyed by the parameter's name relative to the module (``weight``,
+    ``out_proj.bias``)."""
 
     def __init__(
         self, module: nn.Module, calls: list[Call], views: int, strategy: Strategy = "auto"
     ) -> None:
         self.rows: dict[str, torch.Tensor] = {}
+        batch = 0
         for x, g in calls:
             for name, rows in self.parts(module, x, g).items():
-                if trainable(getattr(module, name)):
+                batch = rows.shape[0] // views
+                if trainable(module.get_parameter(name)):
                     summed = grouped(rows.reshape(rows.shape[0], -1), views)
                     self.rows[name] = self.rows[name] + summed if name in self.rows else summed
-        first = calls[0][0]
-        self.sq_norms = first.new_zeros(first.shape[0] // views)
+        like = next(iter(self.rows.values()), None)
+        self.sq_norms = torch.zeros(batch) if like is None else like.new_zeros(batch)
         for rows in self.rows.values():
             self.sq_norms = self.sq_norms + rows.pow(2).sum(1)
-        self.shapes = {name: getattr(module, name).shape for name in self.rows}
+        self.shapes = {name: module.get_parameter(name).shape for name in self.rows}
 
     @abstractmethod
-    def parts(self, module: nn.Module, x: torch.Tensor, g: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Per-row gradients of each parameter for one call (input ``x``, output grad ``g``)."""
+    def parts(self, module: nn.Module, x: Any, g: Any) -> dict[str, torch.Tensor]:
+        """Per-row gradients of each parameter for one call (input ``x``, output grad ``g``;
+        for a unit rule, ``((args, kwargs), output grads)``)."""
 
     def clipped_sum(
         self, scale: torch.Tensor, drop: torch.Tensor | None

@@ -1,5 +1,6 @@
 """The rule of layers whose output is ``a @ Wᵀ`` over positions: ``nn.Linear`` (any leading
-dimensions), ``nn.Conv2d`` (zeros padding, ``groups=1``, via im2col) and ``WSConv2d``
+dimensions), ``nn.Conv2d`` (zeros padding, ``groups=1``, via im2col; registered by
+:mod:`~dpvision.per_example.layers.conv`) and ``WSConv2d``
 (gradients mapped through the weight standardisation to the raw weight and the gain).
 
 Example i's weight gradient is Gᵢ = Σₜ gᵢₜ aᵢₜᵀ; its squared norm comes from the ghost trick
@@ -197,18 +198,7 @@ def _ghost_sq_norms(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts) if parts else a.new_zeros(0)
 
 
-def _conv_check(module: nn.Module) -> str | None:
-    assert isinstance(module, nn.Conv2d)
-    kind = type(module).__name__
-    if module.padding_mode != "zeros":
-        return f"{kind} with padding_mode={module.padding_mode!r} (only 'zeros')"
-    if module.groups != 1:
-        return f"{kind} with groups={module.groups} (only groups=1)"
-    return None
-
-
 @register_rule(nn.Linear, WSConv2d)
-@register_rule(nn.Conv2d, check=_conv_check)
 class DenseTerms(LayerTerms):
     """Linear, Conv2d and WSConv2d layers."""
 

@@ -1,6 +1,7 @@
 """PrivacyEngine: the Opacus-style API gives the DP-SGD step of the reference clipping."""
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from dpvision import DPVisionError, PrivacyEngine
 from dpvision.accounting import calibrate_noise_multiplier
 from dpvision.mechanisms import gaussian_noise
 from dpvision.per_example import clipped_gradient_sum
+from layer_zoo import ZOO
 
 ROW_LOSS = nn.CrossEntropyLoss(reduction="none")
 
@@ -271,8 +273,12 @@ def _make(model, **options):
 def test_refusals():
     with pytest.raises(DPVisionError, match="BatchNorm"):
         _make(nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2)))
-    with pytest.raises(DPVisionError, match="does not support RMSNorm"):
-        _make(nn.Sequential(nn.Flatten(), nn.Linear(64, 3), nn.RMSNorm(3)))
+    with pytest.raises(DPVisionError, match="does not support MultiheadAttention with dropout"):
+        _make(
+            nn.Sequential(
+                nn.Flatten(1, 2), nn.MultiheadAttention(8, 2, dropout=0.1, batch_first=True)
+            )
+        )
     with pytest.raises(DPVisionError, match="track_running_stats=False"):
         _make(
             nn.Sequential(
@@ -339,3 +345,49 @@ def test_token_models_with_embeddings_clip_per_example():
     expected = clipped_gradient_sum(model, ROW_LOSS, x, y, max_grad_norm=0.05)
     for name, param in model.named_parameters():
         torch.testing.assert_close(param.grad, expected.grads[name] / 8, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize(("augmult", "physical"), [(0, None), (2, 3)])
+@pytest.mark.parametrize("name", list(ZOO))
+def test_every_layer_kind_of_the_zoo_steps_by_the_reference_clipped_sum(name, augmult, physical):
+    # Depthwise/grouped/1-d/3-d convolutions, frozen BatchNorm, RMSNorm, attention, free
+    # parameters and an unknown leaf layer: one logical step (noise off) is the reference
+    # clipped sum over qN, also with K views and physical chunks.
+    build, shape = ZOO[name]
+    if len(shape) != 3:
+        augmult = 0  # augmentation multiplicity augments images
+    torch.manual_seed(0)
+    model = build().double()
+    gen = torch.Generator().manual_seed(1)
+    data = TensorDataset(
+        torch.randn(30, *shape, generator=gen, dtype=torch.float64),
+        torch.randint(0, 3, (30,), generator=gen),
+    )
+    clip = 0.05
+    engine = PrivacyEngine()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the reference's vmap fallbacks
+        private, optimizer, loader = engine.make_private(
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.0),
+            data_loader=DataLoader(data, batch_size=8),
+            noise_multiplier=0.0,
+            max_grad_norm=clip,
+            augmult=augmult,
+            max_physical_batch_size=physical,
+            seed=2,
+        )
+        chunks = _first_logical_step(loader, private, optimizer, "mean")
+        x = torch.cat([c[0] for c in chunks])
+        y = torch.cat([c[1] for c in chunks])
+        k = max(augmult, 1)
+        inputs = x.reshape(-1, k, *x.shape[1:]) if augmult else x
+        expected = clipped_gradient_sum(
+            model, ROW_LOSS, inputs, y[::k], max_grad_norm=clip, views=bool(augmult)
+        )
+    assert len(x) >= 2 * k
+    divisor = (8 / len(data)) * len(data)
+    for param_name, param in model.named_parameters():
+        torch.testing.assert_close(
+            param.grad, expected.grads[param_name] / divisor, rtol=1e-9, atol=1e-12
+        )

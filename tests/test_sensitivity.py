@@ -24,6 +24,7 @@ from dpvision.testing import (
     dpsgd_release,
     privacy_engine_release,
 )
+from layer_zoo import ConvZoo, CrossAttention, TinyConvNeXt, TinyViT, unknown_leaf
 
 C = 1.0
 SCALE = 30.0  # the added example's input norm: large gradients, but no saturated softmax
@@ -113,7 +114,7 @@ def _mlp(d: int, classes: int, hidden: int) -> nn.Module:
     return nn.Sequential(nn.Linear(d, hidden), nn.Tanh(), nn.Linear(hidden, classes))
 
 
-def _family(rng: np.random.Generator) -> list[tuple[str, nn.Module, tuple[int, ...]]]:
+def _family(rng: np.random.Generator) -> list[tuple[str, nn.Module, tuple[int, ...] | None]]:
     """(name, model, shape of one example) with random sizes."""
     d, t = int(rng.integers(3, 7)), int(rng.integers(2, 6))
     h, m = int(rng.integers(3, 9)), int(rng.integers(2, 5))
@@ -125,6 +126,12 @@ def _family(rng: np.random.Generator) -> list[tuple[str, nn.Module, tuple[int, .
         ("outside", Outside(d, m), (d,)),
         ("tied", Tied(d, m), (d,)),
         ("conv", Conv(2, m), (2, 6, 6)),
+        # Every layer kind of issue 19, at random sizes.
+        ("conv-zoo", ConvZoo(2 * int(rng.integers(1, 4)), m), None),
+        ("vit", TinyViT(2 * int(rng.integers(2, 5)), m), (2, 8, 8)),
+        ("convnext", TinyConvNeXt(int(rng.integers(2, 7)), m), (2, 8, 8)),
+        ("cross-attention", CrossAttention(2 * int(rng.integers(2, 5)), m), (5, 4)),
+        ("unknown-leaf", unknown_leaf(d, m), (d,)),
     ]
 
 
@@ -162,6 +169,8 @@ def _run_family(seed: int, neighbours: int) -> None:
     shown = []
     for name, model, shape in _family(rng):
         model = model.double()
+        if shape is None:  # the zoo's convolutions: (channels, 8, 8)
+            shape = (model.depthwise.in_channels, 8, 8)
         data = _data(rng, n, shape, _classes(model))
         chunk = int(rng.integers(2, n))
         for label, run in [

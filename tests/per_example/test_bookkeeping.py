@@ -184,32 +184,6 @@ def test_one_huge_example_moves_the_sum_by_at_most_the_clip_norm(name):
     assert 0.99 * clip <= change <= clip * (1 + 1e-9)
 
 
-class _RawScale(nn.Module):
-    """A layer with a raw trainable parameter, which book-keeping does not know."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.scale = nn.Parameter(torch.ones(3))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * self.scale
-
-
-@pytest.mark.parametrize(
-    "extra", [_RawScale, lambda: nn.RMSNorm(3)], ids=["raw-parameter", "rmsnorm"]
-)
-def test_unsupported_layers_fall_back_to_vmap(extra):
-    torch.manual_seed(11)
-    model = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), extra(), nn.Linear(3, 3)).double()
-    x, y = _data((4,), 5, 0, seed=12)
-    assert not supports_bookkeeping(model)
-    got = bookkeeping_clipped_gradient_sum(model, LOSS, x, y, max_grad_norm=0.1)
-    expected = clipped_gradient_sum(model, LOSS, x, y, max_grad_norm=0.1)
-    _assert_same(got, expected, rtol=0, atol=0)  # it *is* the reference
-    with pytest.raises(DPVisionError, match="does not support"):
-        clip_and_sum(model, LOSS, x, y, max_grad_norm=0.1, method="bookkeeping")
-
-
 def test_frozen_unsupported_layers_and_frozen_parameters_are_fine():
     torch.manual_seed(13)
     model = nn.Sequential(nn.Linear(4, 3), nn.LayerNorm(3), nn.Linear(3, 3)).double()

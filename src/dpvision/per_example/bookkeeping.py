@@ -187,7 +187,8 @@ def _bookkeeping_sum(
         for path, module, calls in tape.calls():
             if any(n != batch * k for call in calls for n in tape.rows(module, call)):
                 raise UnsupportedError(f"layer {path or 'root'} did not see one row per view")
-            terms.append((path, layer_terms(module, calls, k, strategy)))
+            with tape.paused():  # a rule that recomputes its layer must not be recorded
+                terms.append((path, layer_terms(module, calls, k, strategy)))
     if verify is not None:
         reason = unclipped_mismatch(terms, dict(zip(names, grads[edges:], strict=True)), batch)
         if reason is not None:

@@ -207,9 +207,10 @@ class DPOptimizer(torch.optim.Optimizer):
             return
         batch = rows // self.views
         try:
-            terms = [
-                (path, layer_terms(module, pairs, self.views)) for path, module, pairs in calls
-            ]
+            with tape.paused():  # a rule that recomputes its layer must not be recorded
+                terms = [
+                    (path, layer_terms(module, pairs, self.views)) for path, module, pairs in calls
+                ]
         except UnsupportedError as error:
             raise DPVisionError(f"PrivacyEngine does not support {error}") from None
         if captured is not None:

@@ -103,6 +103,8 @@ class ParameterTaps(TorchFunctionMode):
         if func in _EXPAND and hits == [0]:
             return self._expand(func, args, kwargs)
         if func in _ELEMENTWISE and len(hits) == 1 and hits[0] < 2 and len(args) >= 2:
+            if hits == [0] and isinstance(args[1], int | float):
+                return self._scaled(func, args, kwargs)
             return self._elementwise(func, args, kwargs, hits[0])
         out = func(*args, **kwargs)
         if not isinstance(out, Tensor):  # .shape, .dim(), .numel(): nothing flows
@@ -128,6 +130,22 @@ class ParameterTaps(TorchFunctionMode):
             "parameter is followed through reshapes, slices, expand and elementwise "
             "arithmetic with the batch; give it a layer of its own otherwise)"
         )
+
+    def _scaled(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """``p + s``, ``p * s``, ``s - p``, ``p / s`` with a number s: the result is p's values
+        times a constant (plus one), so it is followed like a reshape of p."""
+        op = getattr(func, "__name__", "").strip("_")
+        scalar = float(args[1])
+        factors = {"add": 1.0, "radd": 1.0, "sub": 1.0, "rsub": -1.0, "mul": scalar}
+        factors |= {"rmul": scalar, "truediv": 1 / scalar if scalar else None}
+        factors["div"] = factors["truediv"]
+        factor = factors.get(op)
+        if factor is None or kwargs.get("rounding_mode") is not None:
+            return self._refuse(args[0], func)
+        name, _, back = self._find(args[0])  # type: ignore[misc]
+        out = func(*args, **kwargs)
+        self.tracked[id(out)] = (name, out, lambda g: back(g * factor))
+        return out
 
     def _substitute(self, value: Tensor, aligned: tuple[int, ...]) -> Tensor:
         """The per-row stand-in for ``value`` broadcast as ``aligned`` (rank of the batch)."""

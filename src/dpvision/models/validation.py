@@ -49,7 +49,8 @@ def batch_norm_problem(module: nn.Module, where: str) -> str | None:
     )
 
 
-def _problems(model: nn.Module) -> list[str]:
+def model_problems(model: nn.Module) -> list[str]:
+    """One line for each layer of ``model`` that mixes examples (see :func:`validate_model`)."""
     problems = []
     for path, module in model.named_modules():
         kind = type(module).__name__
@@ -90,7 +91,7 @@ def validate_model(model: nn.Module) -> None:
     ...
     dpvision.errors.DPVisionError: replace BatchNorm2d at layer '1' with GroupNorm (e.g. ...
     """
-    problems = _problems(model)
+    problems = model_problems(model)
     if problems:
         more = len(problems) - 1
         plural = "s" if more > 1 else ""

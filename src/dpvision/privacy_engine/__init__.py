@@ -50,9 +50,19 @@ A loop that leaves a logical batch after a non-final chunk has that chunk's clip
 discarded, never released with the next batch.
 """
 
+from dpvision.privacy_engine.batch_memory_manager import BatchMemoryManager
 from dpvision.privacy_engine.data_loader import DPDataLoader
 from dpvision.privacy_engine.engine import LedgerAccountant, PrivacyEngine
 from dpvision.privacy_engine.module import PrivateModule
 from dpvision.privacy_engine.optimizer import DPOptimizer
+from dpvision.privacy_engine.validator import ModuleValidator
 
-__all__ = ["DPDataLoader", "DPOptimizer", "LedgerAccountant", "PrivacyEngine", "PrivateModule"]
+__all__ = [
+    "BatchMemoryManager",
+    "DPDataLoader",
+    "DPOptimizer",
+    "LedgerAccountant",
+    "ModuleValidator",
+    "PrivacyEngine",
+    "PrivateModule",
+]

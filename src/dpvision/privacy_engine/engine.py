@@ -25,6 +25,8 @@ from dpvision.privacy_engine.module import PrivateModule
 from dpvision.privacy_engine.optimizer import DPOptimizer
 
 LOSS_REDUCTIONS = ("mean", "sum")
+# Opacus' ways of computing per-sample gradients; dpvision's rules serve them all.
+GRAD_SAMPLE_MODES = ("hooks", "functorch", "ew", "ghost")
 
 
 class PrivacyEngine:
@@ -32,7 +34,10 @@ class PrivacyEngine:
 
     Args:
       accountant: the accountant that calibrates σ and reports ε: ``pld`` (default),
-        ``rdp`` or ``classic-rdp``.
+        ``rdp`` or ``classic-rdp``; Opacus' ``prv`` (numerical, like PLD) is taken as
+        ``pld``, its ``gdp`` (an asymptotic approximation, not a bound) is refused.
+      secure_mode: Opacus' switch to a cryptographically secure noise generator; only
+        False is offered (pass your own ``noise_generator`` to ``make_private``).
 
     Attributes:
       ledger: every noisy release made through this engine, the only input to ε.
@@ -40,8 +45,18 @@ class PrivacyEngine:
         ``mechanism()`` (the ledger is what it accounts).
     """
 
-    def __init__(self, accountant: str = "pld") -> None:
-        kind = parse_accountant(accountant)
+    def __init__(self, accountant: str = "pld", secure_mode: bool = False) -> None:
+        if secure_mode:
+            raise DPVisionError(
+                "secure_mode=True is not offered: pass make_private a noise_generator of your "
+                "choice (dpvision draws all noise from it)"
+            )
+        if accountant == "gdp":
+            raise DPVisionError(
+                "the gdp accountant (a central-limit approximation) is not offered: its ε is "
+                "not an upper bound; use pld (Opacus' prv) or rdp"
+            )
+        kind = parse_accountant("pld" if accountant == "prv" else accountant)
         if kind is Accountant.GAUSSIAN:
             raise DPVisionError("the gaussian accountant cannot account for Poisson sampling")
         self.ledger = PrivacyLedger()
@@ -64,8 +79,21 @@ class PrivacyEngine:
         max_physical_batch_size: int | None = None,
         noise_generator: torch.Generator | None = None,
         seed: int | None = None,
-    ) -> tuple[PrivateModule, DPOptimizer, DPDataLoader]:
+        clipping: str = "flat",
+        grad_sample_mode: str = "hooks",
+        criterion: nn.Module | None = None,
+        batch_first: bool = True,
+    ) -> (
+        tuple[PrivateModule, DPOptimizer, DPDataLoader]
+        | tuple[PrivateModule, DPOptimizer, nn.Module, DPDataLoader]
+    ):
         """Returns the private (module, optimizer, data loader) triple.
+
+        Opacus' ``make_private`` calls run unchanged: ``clipping="flat"`` (the only one:
+        each example's whole gradient is clipped to C), any ``grad_sample_mode`` of Opacus
+        (``hooks``, ``functorch``, ``ew``, ``ghost``: all give the same exact clipped sum
+        here, by book-keeping with a rule per layer kind) and, for ``ghost``, the
+        ``criterion`` comes back as the third of four values, as in Opacus.
 
         Args:
           module: the model; no BatchNorm, and trainable parameters only in layers
@@ -85,6 +113,13 @@ class PrivacyEngine:
             examples (memory only: noise is still added once per logical batch).
           noise_generator: source of the noise (None: a generator seeded from ``seed``).
           seed: seeds the sampling, the augmentation and the noise (None: fresh entropy).
+          clipping: ``flat`` (Opacus' ``per_layer`` and ``adaptive`` are refused).
+          grad_sample_mode: accepted for Opacus code; the clipping is the same for all.
+          criterion: the loss, returned unchanged with ``grad_sample_mode="ghost"``
+            (default ``nn.CrossEntropyLoss()``); its ``reduction`` must be
+            ``loss_reduction``.
+          batch_first: must be True: the examples are the first dimension of every layer's
+            input (Opacus' ``batch_first=False`` is refused).
 
         Raises:
           DPVisionError: a BatchNorm or unsupported layer, a bad argument, or an optimizer
@@ -94,6 +129,28 @@ class PrivacyEngine:
           Each logical step releases the noisy clipped sum of one Poisson batch (see
           :class:`DPOptimizer`) and records it in :attr:`ledger`.
         """
+        if clipping != "flat":
+            raise DPVisionError(
+                f"clipping={clipping!r} is not offered: dpvision clips each example's whole "
+                "gradient to max_grad_norm (clipping='flat')"
+            )
+        if grad_sample_mode not in GRAD_SAMPLE_MODES:
+            raise DPVisionError(
+                f"unknown grad_sample_mode {grad_sample_mode!r}; choose one of "
+                f"{', '.join(GRAD_SAMPLE_MODES)} (all clip alike here)"
+            )
+        if not batch_first:
+            raise DPVisionError(
+                "batch_first=False is not offered: keep the examples first in every layer"
+            )
+        if criterion is None:
+            criterion = nn.CrossEntropyLoss(reduction=loss_reduction)
+        reduction = getattr(criterion, "reduction", loss_reduction)
+        if reduction != loss_reduction:
+            raise DPVisionError(
+                f"the criterion reduces by {reduction!r} but loss_reduction is "
+                f"{loss_reduction!r}; they must agree"
+            )
         validate_model(module)
         problems = unsupported_layers(module)
         if problems:
@@ -171,7 +228,10 @@ class PrivacyEngine:
             generator=torch.Generator().manual_seed(augment_seed),
         )
         self.optimizer = dp_optimizer
-        return PrivateModule(module, tape, views), dp_optimizer, private_loader
+        private = PrivateModule(module, tape, views)
+        if grad_sample_mode == "ghost":  # Opacus' ghost mode returns the criterion too
+            return private, dp_optimizer, criterion, private_loader
+        return private, dp_optimizer, private_loader
 
     def make_private_with_epsilon(
         self,
@@ -184,7 +244,10 @@ class PrivacyEngine:
         epochs: int,
         max_grad_norm: float,
         **options: Any,
-    ) -> tuple[PrivateModule, DPOptimizer, DPDataLoader]:
+    ) -> (
+        tuple[PrivateModule, DPOptimizer, DPDataLoader]
+        | tuple[PrivateModule, DPOptimizer, nn.Module, DPDataLoader]
+    ):
         """Like :meth:`make_private`, with σ calibrated to (target_epsilon, target_delta).
 
         σ is the smallest noise (within 0.1 %) for which ``epochs`` · ⌈1/q⌉ Poisson steps at

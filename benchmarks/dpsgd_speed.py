@@ -103,6 +103,7 @@ LABELS = {
     "opacus-ghost-views-as-examples": "Opacus ghost, B·K views as examples (different)",
 }
 VIEWS_AS_EXAMPLES = "-views-as-examples"
+ONLY = ("cnn", "wrn", "vit", "convnext")
 _START = time.perf_counter()
 
 
@@ -191,16 +192,62 @@ def setups(args: argparse.Namespace) -> list[Setup]:
             )
             for k in (1, 4)
         ]
-    chosen = {"cnn": [cnn], "wrn": wrn, None: [cnn, *wrn]}
+    transformers = [
+        Setup(
+            name="vit",
+            description=(
+                "ViT-Tiny-like (patch 4, width 192, 3 heads), 3×32×32, B = 8"
+                if args.quick
+                else "ViT-Tiny-like (patch 4, width 192, 3 heads, depth 6), 3×32×32, B = 128"
+            ),
+            model="vit-1" if args.quick else "vit-6",
+            image_shape=(3, 32, 32),
+            batch_size=8 if args.quick else 128,
+            views=1,
+            physical_batch=8 if args.quick else 128,
+            num_examples=50_000,
+        ),
+        Setup(
+            name="convnext",
+            description=(
+                "ConvNeXt-like (stem 2, width 64), 3×32×32, B = 8"
+                if args.quick
+                else "ConvNeXt-like (stem 2, width 64, 4 blocks of depthwise 7×7 + LayerNorm + "
+                "MLP + layer scale), 3×32×32, B = 128"
+            ),
+            model="convnext-1" if args.quick else "convnext-4",
+            image_shape=(3, 32, 32),
+            batch_size=8 if args.quick else 128,
+            views=1,
+            physical_batch=8 if args.quick else 128,
+            num_examples=50_000,
+        ),
+    ]
+    chosen = {
+        "cnn": [cnn],
+        "wrn": wrn,
+        "vit": transformers[:1],
+        "convnext": transformers[1:],
+        None: [cnn, *wrn, *transformers],
+    }
     return chosen[args.only]
 
 
 def build_model(name: str) -> torch.nn.Module:
-    """The model called ``name``: "tanh-cnn" (1×28×28) or "wrn-DEPTH-WIDTH"."""
+    """The model called ``name``: "tanh-cnn" (1×28×28), "wrn-DEPTH-WIDTH", "vit-DEPTH" or
+    "convnext-DEPTH" (3×32×32, :mod:`speed_models`)."""
     from dpvision.models import tanh_cnn, wide_resnet
 
     if name == "tanh-cnn":
         return tanh_cnn((1, 28, 28), num_classes=10)
+    if name.startswith(("vit-", "convnext-")):
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import speed_models
+
+        kind, depth = name.split("-")
+        if kind == "vit":
+            return speed_models.ViT(depth=int(depth))
+        return speed_models.ConvNeXt(depth=int(depth))
     if name.startswith("wrn-"):
         depth, width = (int(v) for v in name.removeprefix("wrn-").split("-"))
         return wide_resnet(depth, width, num_classes=10)
@@ -344,6 +391,10 @@ def opacus_step(
         targets = targets.repeat_interleave(setup.views)
         physical *= setup.views
     rows = len(inputs)
+    if any(isinstance(m, torch.nn.MultiheadAttention) for m in model.modules()):
+        from opacus.validators import ModuleValidator  # DPMultiheadAttention, same weights
+
+        model = ModuleValidator.fix(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
     loader = DataLoader(TensorDataset(torch.zeros(rows, 1)), batch_size=rows)
     with warnings.catch_warnings():
@@ -751,7 +802,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, help="timed logical steps per row (default 10)")
     parser.add_argument("--warmup", type=int, help="untimed warm-up steps per row (default 2)")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads in every row")
-    parser.add_argument("--only", choices=("cnn", "wrn"), help="run one configuration family")
+    parser.add_argument(
+        "--only", choices=ONLY, help="run one configuration family (its own result files)"
+    )
     parser.add_argument(
         "--rows",
         help=f"comma-separated rows to run (non-private always runs); from {', '.join(ROWS)}",
@@ -813,7 +866,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{machine['torch_threads']}, load average {load_start}, opacus {machine['opacus']}"
     )
     results = [run_setup(setup, args.rows, args) for setup in setups(args)]
-    name = NAME + ("_quick" if args.quick else "")
+    family = f"_{args.only}" if args.only not in (None, "cnn") else ""
+    name = NAME + family + ("_quick" if args.quick else "")
     result = {
         "name": name,
         "quick": args.quick,

@@ -123,7 +123,7 @@ def test_equals_vmap_reference(name, views):
     assert all(not m._forward_hooks for m in model.modules())
 
 
-@pytest.mark.parametrize("strategy", ["ghost", "materialise"])
+@pytest.mark.parametrize("strategy", ["ghost", "pixel", "materialise"])
 @pytest.mark.parametrize("name", ["odd-convs", "seq-mlp", "wrn-10-1"])
 def test_ghost_and_materialised_norms_agree_with_the_reference(name, strategy):
     build, shape = MODELS[name]
@@ -133,6 +133,42 @@ def test_ghost_and_materialised_norms_agree_with_the_reference(name, strategy):
     expected = clipped_gradient_sum(model, LOSS, x, y, max_grad_norm=0.1, views=True)
     got = _bookkeeping_sum(
         model, LOSS, x, y, max_grad_norm=0.1, views=True, mask=None, strategy=strategy
+    )
+    _assert_same(got, expected)
+
+
+class _WSInPlace(nn.Module):
+    """WSConv2d layers: one whose output is changed in place (its kept output is stale), ones
+    with some gains at zero (aₜ·w̃ cannot come from the output there), one called twice."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = WSConv2d(2, 4, 3, padding=1)
+        self.b = WSConv2d(4, 4, 3, padding="same")
+        self.c = WSConv2d(4, 3, 3, stride=2, padding=1)
+        self.head = nn.Linear(3 * 4 * 4, 3)
+        with torch.no_grad():
+            self.b.gain[:2] = 0.0
+            self.c.gain[1] = 0.0
+            self.b.bias.uniform_(-0.5, 0.5)
+            self.c.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        h = torch.tanh(h.mul_(0.5))  # in place, after the layer
+        h = torch.tanh(self.b(h)) + torch.tanh(self.b(h.flip(-1)))
+        return self.head(torch.tanh(self.c(h)).flatten(1))
+
+
+@pytest.mark.parametrize("strategy", ["ghost", "pixel", "materialise"])
+@pytest.mark.parametrize("views", [0, 2])
+def test_weight_standardised_layers_with_stale_outputs_and_zero_gains(strategy, views):
+    torch.manual_seed(5)
+    model = _WSInPlace().double()
+    x, y = _data((2, 8, 8), 3, views, seed=6)
+    expected = clipped_gradient_sum(model, LOSS, x, y, max_grad_norm=0.1, views=bool(views))
+    got = _bookkeeping_sum(
+        model, LOSS, x, y, max_grad_norm=0.1, views=bool(views), mask=None, strategy=strategy
     )
     _assert_same(got, expected)
 

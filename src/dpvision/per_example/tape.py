@@ -84,6 +84,8 @@ class ActivationTape:
         self.claims: list[Claim] = claims(model)
         self.layers = [(claim.path, claim.module) for claim in self.claims]
         self.kinds = {claim.module: claim.kind for claim in self.claims}
+        # Layers whose rule also reads their output: their calls are ((input, output), grad).
+        self.with_outputs = {c.module for c in self.claims if c.rule.with_output}
         # What each call left (see the class docstring); None when no input tensor came.
         self.inputs: dict[nn.Module, list[Any]] = defaultdict(list)
         # The forward pass each call belongs to (see begin_pass), and each pass's rows.
@@ -207,7 +209,11 @@ class ActivationTape:
             if not (isinstance(output, torch.Tensor) and output.requires_grad):
                 return
             given = args[0] if args else kwargs.get("input")
-            record = (given.detach(), given._version) if isinstance(given, torch.Tensor) else None
+            record = None
+            if isinstance(given, torch.Tensor):
+                record = (given.detach(), given._version)
+                if module in self.with_outputs:
+                    record += (output.detach(), output._version)
             self._watch(module, self._new_call(module, record), 0, output)
             return
         outputs = output_tensors(output)
@@ -258,7 +264,8 @@ class ActivationTape:
     def calls(self) -> Iterator[tuple[str, nn.Module, list[Call]]]:
         """(path, module, calls) for each claimed module with a gradient.
 
-        A call is ``(input, output gradient)`` for a layer, ``((args, kwargs), {slot:
+        A call is ``(input, output gradient)`` for a layer (``((input, output or None),
+        output gradient)`` if its rule reads the output), ``((args, kwargs), {slot:
         output gradient})`` for a unit and ``(taps, gradients)`` for free parameters.
 
         Raises:
@@ -279,7 +286,11 @@ class ActivationTape:
                 if kind == "layer":
                     if record[0]._version != record[1]:
                         raise UnsupportedError(f"an input of {where} modified in place after use")
-                    pairs.append((record[0], slots[0]))
+                    if module in self.with_outputs:  # an output changed in place is not given
+                        kept = record[2] if record[2]._version == record[3] else None
+                        pairs.append(((record[0], kept), slots[0]))
+                    else:
+                        pairs.append((record[0], slots[0]))
                     continue
                 args, kwargs, versions = record
                 if any(tensor._version != version for tensor, version in versions):
@@ -292,7 +303,8 @@ class ActivationTape:
         """The leading dimensions of a call's per-row tensors (all must be the batch's)."""
         kind = self.kinds[module]
         if kind == "layer":
-            return [call[0].shape[0], call[1].shape[0]]
+            given = call[0][0] if module in self.with_outputs else call[0]
+            return [given.shape[0], call[1].shape[0]]
         grads = call[1].values() if kind == "unit" else call[1]
         return [g.shape[0] for g in grads if g is not None]
 

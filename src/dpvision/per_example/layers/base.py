@@ -16,7 +16,9 @@ from torch import nn
 
 from dpvision.errors import DPVisionError
 
-Strategy = Literal["auto", "ghost", "materialise"]
+# How a dense layer gets its norms: ``auto`` (the cheapest), ``ghost`` (Gram matrices of im2col
+# rows), ``pixel`` (of input pixels, for one call of a convolution) or ``materialise``.
+Strategy = Literal["auto", "ghost", "pixel", "materialise"]
 
 
 class UnsupportedError(DPVisionError):
@@ -107,11 +109,14 @@ class Rule:
       unit: the rule covers the module's whole subtree (its children are not clipped on
         their own) and its calls are recorded whole: ``((args, kwargs), output grads)``
         instead of ``(input, output grad)`` (see :mod:`~dpvision.per_example.tape`).
+      with_output: the tape also keeps each call's output (if not changed in place later):
+        calls are ``((input, output or None), output grad)``.
     """
 
     terms: "TermsFactory"
     check: Callable[[nn.Module], str | None]
     unit: bool = False
+    with_output: bool = False
 
 
 RULES: dict[type[nn.Module], Rule] = {}
@@ -123,13 +128,14 @@ def register_rule(
     *layer_types: type[nn.Module],
     check: Callable[[nn.Module], str | None] = lambda _: None,
     unit: bool = False,
+    with_output: bool = False,
 ) -> Callable[[TermsFactory], TermsFactory]:
     """Decorator of a :class:`LayerTerms` class (or a function returning one): it handles
     modules of exactly these types (not subclasses, whose ``forward`` may differ)."""
 
     def register(terms: TermsFactory) -> TermsFactory:
         for layer_type in layer_types:
-            RULES[layer_type] = Rule(terms, check, unit)
+            RULES[layer_type] = Rule(terms, check, unit, with_output)
         return terms
 
     return register

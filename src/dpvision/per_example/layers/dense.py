@@ -7,6 +7,9 @@ Example i's weight gradient is Gᵢ = Σₜ gᵢₜ aᵢₜᵀ; its squared norm
 (memory B·T²) or from materialising Gᵢ (memory B·p·d), whichever is cheaper.
 """
 
+import math
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F  # noqa: N812 (the usual PyTorch alias)
 from torch import nn
@@ -29,6 +32,8 @@ from dpvision.per_example.layers.base import (
 # Convolutions with at least this many output positions get per-example gradients by a grouped
 # convolution rather than im2col (measured faster on CPU from about 100 positions on).
 _GROUPED_MIN_POSITIONS = 128
+# With K > 1 views, from this many output positions on each row is its own group.
+_PER_ROW_MIN_POSITIONS = 512
 
 
 # Ghost norms are computed on chunks of examples whose T×T Gram matrices fit in this many bytes.
@@ -43,21 +48,26 @@ class _Dense:
         self.is_conv = isinstance(module, nn.Conv2d | WSConv2d)
 
     def padded(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
-        """The input after any explicit padding, and the padding the convolution adds itself."""
+        """The input after any explicit padding, and the padding the convolution adds itself
+        (symmetric padding is left to the kernels: no padded copy)."""
         module = self.module
         if isinstance(module, WSConv2d):
             if module.padding == "same":
                 top, bottom = same_padding(x.shape[-2], module.kernel_size, module.stride)
                 left, right = same_padding(x.shape[-1], module.kernel_size, module.stride)
+                if top == bottom and left == right:
+                    return x, (top, left)
                 return F.pad(x, (left, right, top, bottom)), (0, 0)
             return x, (module.padding, module.padding)
         assert isinstance(module, nn.Conv2d)
         if isinstance(module.padding, str):
             if module.padding == "valid":
                 return x, (0, 0)
+            totals = [d * (k - 1) for k, d in zip(module.kernel_size, module.dilation, strict=True)]
+            if all(total % 2 == 0 for total in totals):
+                return x, (totals[0] // 2, totals[1] // 2)
             pads: list[int] = []  # F.pad order: last dimension first
-            for k, d in zip(module.kernel_size[::-1], module.dilation[::-1], strict=True):
-                total = d * (k - 1)
+            for total in totals[::-1]:
                 pads += [total // 2, total - total // 2]
             return F.pad(x, pads), (0, 0)
         return x, (int(module.padding[0]), int(module.padding[1]))
@@ -111,8 +121,11 @@ class _Dense:
             weight = weight.permute(0, 2, 3, 1)
         return weight.reshape(weight.shape[0], -1)
 
-    def unmatrix(self, matrix: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    def unmatrix(self, matrix: torch.Tensor) -> torch.Tensor:
         """Inverse of :meth:`matrix`: (p, d) back to the weight's shape (p, C_in, kh, kw)."""
+        weight = self.module.weight
+        assert isinstance(weight, torch.Tensor)
+        shape = weight.shape
         if not self.is_conv:
             return matrix.reshape(shape)
         return matrix.reshape(shape[0], shape[2], shape[3], shape[1]).permute(0, 3, 1, 2)
@@ -127,8 +140,11 @@ class _Dense:
             return grouped(g.sum((-2, -1)), views)
         return g.reshape(g.shape[0] // views, -1, g.shape[-1]).sum(1)
 
-    def per_example(self, x: torch.Tensor, g: torch.Tensor, views: int) -> torch.Tensor:
-        """(B, p, d) per-example weight gradients Σₜ gₜaₜᵀ of one call.
+    def per_example(
+        self, x: torch.Tensor, g: torch.Tensor, views: int
+    ) -> tuple[torch.Tensor, bool]:
+        """(B, p, d) per-example weight gradients Σₜ gₜaₜᵀ of one call, and whether their
+        columns are in the weight's own order (C_in, kh, kw) rather than im2col's.
 
         Convolutions with many output positions use the weight-gradient kernel of a grouped
         convolution (the examples as groups, their K views as its batch), which needs no
@@ -136,19 +152,32 @@ class _Dense:
         """
         if not (self.is_conv and self.positions(g) >= _GROUPED_MIN_POSITIONS):
             a, rows = self.rows(x, g, views)
-            return torch.bmm(rows.transpose(1, 2), a)
+            return torch.bmm(rows.transpose(1, 2), a), not self.is_conv
         kernel, stride, dilation = self.geometry()
         padded, padding = self.padded(x)
         n, c = padded.shape[:2]
         batch, p = n // views, g.shape[1]
-        # The weight gradient of a convolution with the examples as groups: the K views of
-        # an example are the batch of its group, so the backward sums over them.
-        inputs = padded.reshape(batch, views, c, *padded.shape[2:]).transpose(0, 1)
-        grads = g.reshape(batch, views, p, *g.shape[2:]).transpose(0, 1)
-        weight = padded.new_empty(batch * p, c, *kernel)  # only its shape is read
+        # The weight gradient of a convolution with the examples as groups. With K views,
+        # either each row is its own group and the K rows' gradients are summed after (no
+        # copy of the inputs; memory B·K·p·d), or the K views are the batch of their
+        # example's group (a transposed copy of inputs and gradients): the first is faster
+        # on large images, the second on small ones.
+        per_row = views > 1 and self.positions(g) >= _PER_ROW_MIN_POSITIONS
+        groups, rows = (n, 1) if per_row or views == 1 else (batch, views)
+        if groups == n:
+            inputs, grads = (
+                padded.reshape(1, n * c, *padded.shape[2:]),
+                g.reshape(1, n * p, *g.shape[2:]),
+            )
+        else:
+            inputs = padded.reshape(batch, views, c, *padded.shape[2:]).transpose(0, 1)
+            grads = g.reshape(batch, views, p, *g.shape[2:]).transpose(0, 1)
+            inputs = inputs.reshape(views, batch * c, *padded.shape[2:])
+            grads = grads.reshape(views, batch * p, *g.shape[2:])
+        weight = padded.new_empty(groups * p, c, *kernel)  # only its shape is read
         _, out, _ = torch.ops.aten.convolution_backward(
-            grads.reshape(views, batch * p, *g.shape[2:]),
-            inputs.reshape(views, batch * c, *padded.shape[2:]),
+            grads,
+            inputs,
             weight,
             None,
             list(stride),
@@ -156,11 +185,22 @@ class _Dense:
             list(dilation),
             False,
             [0, 0],
-            batch,
+            groups,
             [False, True, False],
         )
-        out = out.reshape(batch, p, c, kernel[0], kernel[1]).permute(0, 1, 3, 4, 2)
-        return out.reshape(batch, p, kernel[0] * kernel[1] * c)
+        if groups == n and views > 1:
+            out = out.reshape(batch, views, -1).sum(1)
+        return out.reshape(batch, p, c * kernel[0] * kernel[1]), True
+
+    def natural(self, matrices: torch.Tensor) -> torch.Tensor:
+        """(…, p, d) in im2col order (kh, kw, C_in) → the weight's own order (C_in, kh, kw)."""
+        if not self.is_conv:
+            return matrices
+        weight = self.module.weight
+        assert isinstance(weight, torch.Tensor)
+        c, kh, kw = weight.shape[1:]
+        lead = matrices.shape[:-1]
+        return matrices.reshape(*lead, kh, kw, c).movedim(-1, -3).reshape(*lead, c * kh * kw)
 
 
 def _im2col(
@@ -183,26 +223,125 @@ def _im2col(
     return patches.reshape(n, out_h * out_w, kernel[0] * kernel[1] * c)
 
 
-def _ghost_sq_norms(a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-    """Σₜₜ′ (aₜ·aₜ′)(gₜ·gₜ′) per example, in chunks that bound the B·T² memory."""
-    batch, positions = a.shape[0], a.shape[1]
-    if positions == 1:  # ‖a‖²‖g‖²
-        return sq_rows(a) * sq_rows(g)
-    chunk = max(1, _GHOST_CHUNK_BYTES // max(1, positions * positions * a.element_size()))
+def _ghost_sq_norms(
+    gram: "Callable[[slice], torch.Tensor]", g: torch.Tensor, extra_bytes: int = 0
+) -> torch.Tensor:
+    """Σₜₜ′ (aₜ·aₜ′)(gₜ·gₜ′) per example, ``gram(examples)`` giving the (b, T, T) Gram
+    matrices of the activations, in chunks that bound the memory (``extra_bytes`` per
+    example is what ``gram`` needs besides its result)."""
+    batch, positions = g.shape[0], g.shape[1]
+    per_example = positions * positions * g.element_size() + extra_bytes
+    chunk = max(1, _GHOST_CHUNK_BYTES // max(1, per_example))
     parts = []
     for start in range(0, batch, chunk):
-        a_part, g_part = a[start : start + chunk], g[start : start + chunk]
-        gram_a = torch.bmm(a_part, a_part.transpose(1, 2))
+        g_part = g[start : start + chunk]
         gram_g = torch.bmm(g_part, g_part.transpose(1, 2))
-        parts.append((gram_a * gram_g).sum((1, 2)))
-    return torch.cat(parts) if parts else a.new_zeros(0)
+        parts.append((gram(slice(start, start + chunk)) * gram_g).sum((1, 2)))
+    return torch.cat(parts) if parts else g.new_zeros(0)
 
 
-@register_rule(nn.Linear, WSConv2d)
+class _Im2colGhost:
+    """Ghost norms from im2col rows a (B, T, d): Gram matrices over d."""
+
+    def __init__(self, dense: _Dense, calls: list[Call], views: int) -> None:
+        pairs = [dense.rows(x, g, views) for x, g in calls]
+        self.a = torch.cat([r[0] for r in pairs], 1) if len(pairs) > 1 else pairs[0][0]
+        self.g = torch.cat([r[1] for r in pairs], 1) if len(pairs) > 1 else pairs[0][1]
+
+    def gram(self, examples: slice) -> torch.Tensor:
+        a = self.a[examples]
+        return torch.bmm(a, a.transpose(1, 2))
+
+    def sq_norms(self, g: torch.Tensor) -> torch.Tensor:
+        if g.shape[1] == 1:  # ‖a‖²‖g‖²
+            return sq_rows(self.a) * sq_rows(g)
+        return _ghost_sq_norms(self.gram, g)
+
+    def project(self, vectors: torch.Tensor) -> torch.Tensor:
+        """(B, T, p): aₜ·vₒ for (p, d) vectors in im2col order."""
+        return self.a @ vectors.T
+
+    def patch_sums(self) -> torch.Tensor:
+        """(B, T): the sum of each patch aₜ."""
+        return self.a.sum(-1)
+
+
+class _PixelGhost:
+    """Ghost norms of one convolution call from the Gram matrix of its input *pixels*.
+
+    aₜ·aₜ′ = Σₖ x[t + k]·x[t′ + k] over the kernel offsets k: the (T, T) Gram matrix of the
+    patches is a sum of kh·kw shifted blocks of the pixels' Gram matrix over C channels,
+    which costs (K·Hp·Wp)²·C instead of T²·C·kh·kw, and needs no im2col copy.
+    """
+
+    def __init__(self, dense: _Dense, x: torch.Tensor, g: torch.Tensor, views: int) -> None:
+        self.dense, self.views = dense, views
+        self.kernel, self.stride, self.dilation = dense.geometry()
+        self.x, self.padding = dense.padded(x)
+        ph, pw = self.padding
+        full = F.pad(self.x, (pw, pw, ph, ph)) if ph or pw else self.x
+        n, c, h, w = full.shape
+        batch = n // views
+        self.shape = (h, w)
+        self.out = tuple(g.shape[2:])
+        # (B, K·Hp·Wp, C): each example's pixels, its K views side by side.
+        self.pixels = full.reshape(batch, views, c, h * w).transpose(2, 3).reshape(batch, -1, c)
+        # (B, K·L, p): output gradients per position, as the patch Gram matrix orders them.
+        self.g = self.rows(g)
+
+    def rows(self, t: torch.Tensor) -> torch.Tensor:
+        """(B·K, q, oh, ow) → (B, K·L, q)."""
+        n, q = t.shape[:2]
+        batch = n // self.views
+        return t.reshape(batch, self.views, q, -1).transpose(2, 3).reshape(batch, -1, q)
+
+    def gram(self, examples: slice) -> torch.Tensor:
+        pixels = self.pixels[examples]
+        b, k = pixels.shape[0], self.views
+        (h, w), (oh, ow) = self.shape, self.out
+        grams = torch.bmm(pixels, pixels.transpose(1, 2)).view(b, k, h, w, k, h, w)
+        total = pixels.new_zeros(b, k, oh, ow, k, oh, ow)
+        for ki in range(self.kernel[0]):
+            for kj in range(self.kernel[1]):
+                i, j = ki * self.dilation[0], kj * self.dilation[1]
+                rows = slice(i, i + self.stride[0] * (oh - 1) + 1, self.stride[0])
+                cols = slice(j, j + self.stride[1] * (ow - 1) + 1, self.stride[1])
+                total += grams[:, :, rows, cols, :, rows, cols]
+        return total.view(b, k * oh * ow, k * oh * ow)
+
+    def sq_norms(self, g: torch.Tensor) -> torch.Tensor:
+        pixels = self.pixels.shape[1]
+        return _ghost_sq_norms(self.gram, g, pixels * pixels * self.pixels.element_size())
+
+    def convolve(self, weight: torch.Tensor) -> torch.Tensor:
+        """(B, T, q): the convolution of the input with a (q, C, kh, kw) weight."""
+        out = F.conv2d(
+            self.x, weight, stride=self.stride, padding=self.padding, dilation=self.dilation
+        )
+        return self.rows(out)
+
+    def patch_sums(self) -> torch.Tensor:
+        ones = self.x.new_ones(1, self.x.shape[1], *self.kernel)
+        return self.convolve(ones)[..., 0]
+
+
+@register_rule(nn.Linear)
 class DenseTerms(LayerTerms):
-    """Linear, Conv2d and WSConv2d layers."""
+    """Linear, Conv2d and WSConv2d layers.
 
-    def __init__(self, module: nn.Module, calls: list[Call], views: int, strategy: Strategy):
+    Args:
+      outputs: each call's output, or None, for WSConv2d (it spares the convolution of the
+        input with the standardised weight that the ghost norms need otherwise).
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        calls: list[Call],
+        views: int,
+        strategy: Strategy,
+        outputs: "list[torch.Tensor | None] | None" = None,
+    ):
         self.module, self.calls, self.views = module, calls, views
         self.dense = _Dense(module)
         self.ws = module if isinstance(module, WSConv2d) else None
@@ -211,10 +350,21 @@ class DenseTerms(LayerTerms):
         p, d = weight.shape[0], weight[0].numel()
         batch = calls[0][0].shape[0] // views
         positions = views * sum(self.dense.positions(g) for _, g in calls)
+        self.output = outputs[0] if outputs is not None and len(outputs) == 1 else None
+        # Costs per example, T positions: materialising T·p·d (on kernels about half as fast
+        # as the dense product the ghost sum takes afterwards), ghost norms T²·(p + d) from
+        # im2col rows or (K·Hp·Wp)²·C + T²·(p + kh·kw) from the pixels.
+        im2col = positions * positions * (p + d)
+        pixel = self._pixel_cost(calls, views, positions, p)
+        if self.ws is not None:  # ⟨Gₒ, w̃ₒ⟩ needs aₜ·w̃ₒ: from the output, else a convolution
+            im2col += positions * p * d
+            pixel += positions * p * (1 if self.output is not None else d)
+        self.pixel = pixel < math.inf and (
+            strategy == "pixel" or (strategy == "auto" and pixel < im2col)
+        )
         self.materialise = strategy == "materialise" or (
             strategy == "auto"
-            # Materialising costs B·T·p·d, the ghost norm B·T²·(p + d) (T positions).
-            and p * d <= positions * (p + d)
+            and positions * p * d <= min(im2col, pixel)
             and batch * p * d * weight.element_size() <= MATERIALISE_BYTES
         )
         self.train_weight = trainable(weight)
@@ -226,19 +376,37 @@ class DenseTerms(LayerTerms):
             self.bias_rows = sum_calls(self.dense.bias_rows(g, views) for _, g in calls)
             sq = sq + sq_rows(self.bias_rows)
         self.per_example: torch.Tensor | None = None
+        self.natural = False  # whether per_example's columns are (C_in, kh, kw), not im2col's
         if self.train_weight or self.train_gain:
             if self.materialise:
-                self.per_example = sum_calls(self.dense.per_example(x, g, views) for x, g in calls)
+                parts = [self.dense.per_example(x, g, views) for x, g in calls]
+                self.natural = all(natural for _, natural in parts)
+                self.per_example = sum_calls(
+                    part if natural == self.natural else self.dense.natural(part)
+                    for part, natural in parts
+                )
                 sq = sq + self._materialised_sq(self.per_example)
+            elif self.pixel:
+                ((x, g),) = calls
+                sq = sq + self._ghost_sq(_PixelGhost(self.dense, x, g, views))
             else:
-                pairs = [self.dense.rows(x, g, views) for x, g in calls]
-                a = torch.cat([r[0] for r in pairs], 1) if len(pairs) > 1 else pairs[0][0]
-                g = torch.cat([r[1] for r in pairs], 1) if len(pairs) > 1 else pairs[0][1]
-                sq = sq + self._ghost_sq(a, g)
+                sq = sq + self._ghost_sq(_Im2colGhost(self.dense, calls, views))
         self.sq_norms = sq
 
+    def _pixel_cost(self, calls: list[Call], views: int, positions: int, p: int) -> float:
+        """The pixel Gram route's cost, or infinity where it does not apply."""
+        if not self.dense.is_conv or len(calls) != 1:
+            return math.inf
+        x, _ = calls[0]
+        (kh, kw), _, _ = self.dense.geometry()
+        _, (ph, pw) = self.dense.padded(x[:1])
+        pixels = views * (x.shape[-2] + 2 * ph) * (x.shape[-1] + 2 * pw)
+        return float(pixels * pixels * x.shape[1] + positions * positions * (p + kh * kw))
+
     # --- weight standardisation ------------------------------------------------------
-    def _standardisation(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _standardisation(
+        self, natural: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """w̃ (p, d), γ/s (p,) and whether the variance term is live (p,), for WSConv2d.
 
         ŵ = γ·w̃ with w̃ = (w − μ)/s and s = sqrt(max(‖w − μ‖², eps)). For G = ∂L/∂ŵ:
@@ -248,15 +416,16 @@ class DenseTerms(LayerTerms):
         ws = self.ws
         assert ws is not None
         with torch.no_grad():
-            w = self.dense.matrix(ws.weight)
+            w = ws.weight.reshape(len(ws.weight), -1) if natural else self.dense.matrix(ws.weight)
             centred = w - w.mean(1, keepdim=True)
             energy = centred.pow(2).sum(1)  # fan_in · var
             s = energy.clamp(min=ws.eps).sqrt()
             return centred / s[:, None], ws.gain.reshape(-1) / s, energy >= ws.eps
 
-    def _map_ws(self, grad_hat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(…, p, d) gradients w.r.t. ŵ → (gradients w.r.t. w, w.r.t. γ (…, p)), im2col order."""
-        tilde, ratio, live = self._standardisation()
+    def _map_ws(self, grad_hat: torch.Tensor, natural: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """(…, p, d) gradients w.r.t. ŵ → (gradients w.r.t. w, w.r.t. γ (…, p)), in the
+        weight's own order if ``natural``, else im2col order."""
+        tilde, ratio, live = self._standardisation(natural)
         gain = (grad_hat * tilde).sum(-1)
         centred = grad_hat - grad_hat.mean(-1, keepdim=True)
         weight = ratio[:, None] * (centred - tilde * (gain * live)[..., None])
@@ -268,7 +437,7 @@ class DenseTerms(LayerTerms):
         # ‖∂w‖² = Σₒ (γₒ/sₒ)²(‖Gₒ‖² − (Σ Gₒ)²/d − liveₒ⟨Gₒ, w̃ₒ⟩²): the projection removes
         # the orthonormal directions 1/√d and w̃ₒ (w̃ₒ ⟂ 1, ‖w̃ₒ‖ = 1 when live), so no
         # (B, p, d) temporary is needed.
-        tilde, ratio, live = self._standardisation()
+        tilde, ratio, live = self._standardisation(self.natural)
         gain = torch.einsum("bpd,pd->bp", per_example, tilde)
         sq = per_example.new_zeros(len(gain))
         if self.train_weight:
@@ -278,20 +447,40 @@ class DenseTerms(LayerTerms):
             sq = sq + (per_channel * ratio.pow(2)).sum(1)
         return sq + sq_rows(gain) if self.train_gain else sq
 
-    def _ghost_sq(self, a: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    def _ghost_sq(self, source: "_Im2colGhost | _PixelGhost") -> torch.Tensor:
+        g = source.g
         if self.ws is None:
-            return _ghost_sq_norms(a, g)
+            return source.sq_norms(g)
         # ‖∂w‖² = Σₒ (γₒ/sₒ)²(‖Gₒ‖² − d·mean(Gₒ)² − liveₒ⟨Gₒ, w̃ₒ⟩²): Gₒ ⟂ 1 and w̃ₒ.
-        tilde, ratio, live = self._standardisation()
+        tilde, ratio, live = self._standardisation(natural=isinstance(source, _PixelGhost))
         d = tilde.shape[1]
-        gain = torch.einsum("btp,btp->bp", g, a @ tilde.T)  # ⟨Gₒ, w̃ₒ⟩
-        sq = a.new_zeros(a.shape[0])
+        gain = torch.einsum("btp,btp->bp", g, self._project(source, tilde))  # ⟨Gₒ, w̃ₒ⟩
+        sq = g.new_zeros(g.shape[0])
         if self.train_weight:
-            mean = torch.einsum("btp,bt->bp", g, a.sum(-1)) / d
-            full = _ghost_sq_norms(a, g * ratio)
+            mean = torch.einsum("btp,bt->bp", g, source.patch_sums()) / d
+            full = source.sq_norms(g * ratio)
             projected = (ratio.pow(2) * (d * mean.pow(2) + live * gain.pow(2))).sum(1)
             sq = sq + (full - projected).clamp(min=0)
         return sq + gain.pow(2).sum(1) if self.train_gain else sq
+
+    def _project(self, source: "_Im2colGhost | _PixelGhost", tilde: torch.Tensor) -> torch.Tensor:
+        """(B, T, p) aₜ·w̃ₒ: from the output y = γ·(a·w̃) + b where it was kept and γₒ is not
+        near zero, else by convolving the input with w̃."""
+        if isinstance(source, _Im2colGhost):
+            return source.project(tilde)
+        ws = self.ws
+        assert ws is not None
+        weights = tilde.reshape(ws.weight.shape)
+        if self.output is None:
+            return source.convolve(weights)
+        with torch.no_grad():
+            gain = ws.gain.reshape(-1)
+            safe = gain.abs() >= 1e-3
+            out = source.rows(self.output - ws.bias.reshape(1, -1, 1, 1))
+            out = out / torch.where(safe, gain, torch.ones_like(gain))
+            if not bool(safe.all()):
+                out[..., ~safe] = source.convolve(weights[~safe])
+        return out
 
     # --- the clipped sum ---------------------------------------------------------------
     def clipped_sum(
@@ -310,6 +499,7 @@ class DenseTerms(LayerTerms):
             if drop is not None:
                 per_example = per_example.masked_fill(drop[:, None, None], 0)
             grad_hat = torch.tensordot(scale.to(per_example.dtype), per_example, dims=1)
+            natural = self.natural
         else:
             row_scale = scale.repeat_interleave(self.views)
             grad_hat = 0
@@ -320,12 +510,23 @@ class DenseTerms(LayerTerms):
                     x = x.masked_fill(row_mask(drop, self.views, x), 0)
                 grad_hat = grad_hat + self.dense.weighted_product(x, g)
             assert isinstance(grad_hat, torch.Tensor)
+            natural = False
+        unmatrix = (lambda m: m.reshape(weight.shape)) if natural else self.dense.unmatrix
         if self.ws is None:
-            out["weight"] = self.dense.unmatrix(grad_hat, weight.shape)
+            out["weight"] = unmatrix(grad_hat)
             return out
-        grad_w, grad_gain = self._map_ws(grad_hat)
+        grad_w, grad_gain = self._map_ws(grad_hat, natural)
         if self.train_weight:
-            out["weight"] = self.dense.unmatrix(grad_w, weight.shape)
+            out["weight"] = unmatrix(grad_w)
         if self.train_gain:
             out["gain"] = grad_gain.reshape(self.ws.gain.shape)
         return out
+
+
+@register_rule(WSConv2d, with_output=True)
+def ws_conv_terms(
+    module: nn.Module, calls: list[Call], views: int, strategy: Strategy
+) -> LayerTerms:
+    """WSConv2d: the dense rule, given the outputs the tape kept."""
+    pairs = [(x, g) for (x, _), g in calls]
+    return DenseTerms(module, pairs, views, strategy, outputs=[y for (_, y), _ in calls])

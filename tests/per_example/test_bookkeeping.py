@@ -351,3 +351,28 @@ def test_one_added_token_sequence_moves_the_embedding_sum_by_at_most_the_clip_no
     change = math.sqrt(sum(float((b.grads[k] - a.grads[k]).pow(2).sum()) for k in a.grads))
     assert b.norms[-1] > clip
     assert 0.99 * clip <= change <= clip * (1 + 1e-9)
+
+
+class _TwoSizes(nn.Module):
+    """One Conv2d on 12×12 (grouped kernel, the weight's order) and on 6×6 (im2col order)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3, padding=1)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        small = self.conv(nn.functional.avg_pool2d(x, 2)).mean((2, 3))
+        return self.head(torch.cat([self.conv(x).mean((2, 3)), small], 1))
+
+
+@pytest.mark.parametrize("views", [0, 2])
+def test_per_example_gradients_of_calls_in_different_orders_add_up(views):
+    torch.manual_seed(20)
+    model = _TwoSizes().double()
+    x, y = _data((2, 12, 12), 4, views, seed=21)
+    expected = clipped_gradient_sum(model, LOSS, x, y, max_grad_norm=0.1, views=bool(views))
+    got = _bookkeeping_sum(
+        model, LOSS, x, y, max_grad_norm=0.1, views=bool(views), mask=None, strategy="materialise"
+    )
+    _assert_same(got, expected)

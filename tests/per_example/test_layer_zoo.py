@@ -223,3 +223,35 @@ def test_a_layer_no_rule_knows_is_clipped_alone():
         handle.remove()
     assert counts == {"linear": 1, "leaf": 2}
     assert isinstance(model[2], ScaleShift)
+
+
+@pytest.mark.parametrize("views", [0, 2])
+@pytest.mark.parametrize("name", ["conv-zoo", "vit", "convnext"])
+def test_the_dpsgd_engine_steps_by_the_reference_sum_over_physical_chunks(name, views):
+    from dpvision.accounting import PrivacyLedger
+    from dpvision.training import DPSGDStep
+
+    build, shape = ZOO[name]
+    torch.manual_seed(18)
+    model = build().double()
+    x, y = _data(shape, 7, views, seed=19)
+    clip, n = 0.05, 70
+    expected = clipped_gradient_sum(model, LOSS, x, y, max_grad_norm=clip, views=bool(views))
+    before = {k: p.detach().clone() for k, p in model.named_parameters()}
+    step = DPSGDStep(
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=1.0),
+        loss_fn=LOSS,
+        noise_multiplier=0.0,
+        max_grad_norm=clip,
+        sample_rate=0.1,
+        num_examples=n,
+        ledger=PrivacyLedger(),
+        generator=torch.Generator().manual_seed(0),
+        views=bool(views),
+        clipping="bookkeeping",
+    )
+    step([(x[:3], y[:3]), (x[3:5], y[3:5]), (x[5:], y[5:])])  # three physical chunks
+    for key, param in model.named_parameters():
+        moved = before[key] - param.detach()
+        torch.testing.assert_close(moved, expected.grads[key] / (0.1 * n), rtol=1e-9, atol=1e-12)

@@ -23,12 +23,13 @@ book-keeping when :func:`supports_bookkeeping` accepts the model and falls back 
 reference otherwise. Hooks are attached for one call and removed afterwards, also when an
 exception is raised; no ``.grad`` is written.
 
-Limitations: every trainable parameter must belong to a ``nn.Linear``, ``nn.Conv2d`` (zeros
-padding, ``groups=1``), :class:`~dpvision.models.WSConv2d`, ``nn.GroupNorm``,
-``nn.LayerNorm``, ``nn.InstanceNorm1d/2d/3d`` (no running statistics), ``nn.PReLU`` or
-``nn.Embedding`` and be
-used only through that layer's ``forward``; parameters must not be shared between layers
-(a layer called several times is fine); ``loss_fn`` must return one loss per row.
+Limitations: every trainable parameter is clipped by the rule that claims its module
+(:func:`~dpvision.per_example.layers.claims`: a rule per standard layer kind, free
+parameters of containers, ``torch.func`` on any other leaf layer); a layer whose rule
+refuses it (BatchNorm in training mode, attention dropout) sends the model to the vmap
+reference, as does a parameter used outside its layer's ``forward`` (found by a check of
+the whole gradient on the first call of each input signature) or shared between layers (a
+layer called several times is fine); ``loss_fn`` must return one loss per row.
 """
 
 import weakref
@@ -76,7 +77,7 @@ def unsupported_layers(model: nn.Module) -> list[str]:
 def supports_bookkeeping(model: nn.Module) -> bool:
     """Whether every trainable parameter of ``model`` is in a layer book-keeping handles.
 
-    >>> supports_bookkeeping(nn.Sequential(nn.Conv2d(1, 2, 3), nn.Flatten(), nn.LazyLinear(3)))
+    >>> supports_bookkeeping(nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2)))  # training
     False
     >>> supports_bookkeeping(nn.Sequential(nn.Conv2d(1, 2, 3), nn.GroupNorm(1, 2)))
     True

@@ -38,14 +38,18 @@ What happens, in Opacus' terms:
 * in evaluation mode (``model.eval()``) or under ``torch.no_grad()`` the private module is
   the plain module: any batch size, nothing recorded.
 
-Unlike Opacus, only Poisson sampling is offered (the accountant assumes it), and only
-layers that book-keeping supports (``nn.Linear``, ``nn.Conv2d``, ``WSConv2d``,
-``nn.GroupNorm``, ``nn.LayerNorm``, ``nn.InstanceNorm*d``, ``nn.PReLU``, ``nn.Embedding``)
-may have trainable parameters. What cannot be clipped per example is refused with a
-one-line :class:`~dpvision.errors.DPVisionError`, never clipped per row: a layer whose
-rows are not the examples (folded positions, a sequence-first input, examples mixed
-before it), two forward passes before one step (unless inside
-:meth:`PrivateModule.same_examples`), or a parameter used outside its layer's ``forward``.
+Opacus code runs with only the import changed: ``PrivacyEngine(secure_mode=False)``,
+``make_private(..., clipping="flat", grad_sample_mode=...)`` (any of Opacus' modes; with
+``"ghost"`` the criterion is returned too), ``engine.accountant.get_epsilon(delta)``,
+:class:`BatchMemoryManager` and :class:`ModuleValidator`. Where dpvision deliberately
+differs it refuses in one line: only Poisson sampling (the accountant assumes it), flat
+clipping, examples first in every layer. Every standard layer is supported (see
+:mod:`dpvision.per_example.layers`); BatchNorm only with frozen statistics. What cannot be
+clipped per example is refused with a one-line :class:`~dpvision.errors.DPVisionError`,
+never clipped per row: a layer whose rows are not the examples (folded positions, a
+sequence-first input, examples mixed before it), two forward passes before one step (unless
+inside :meth:`PrivateModule.same_examples`), or a parameter used outside its layer's
+``forward``.
 A loop that leaves a logical batch after a non-final chunk has that chunk's clipped sum
 discarded, never released with the next batch.
 """

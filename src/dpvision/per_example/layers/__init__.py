@@ -14,13 +14,28 @@ Private Optimization on Large Model at Small Cost"). Once the clipping factors c
 the clipped sum Σᵢ cᵢGᵢ is one weighted weight-gradient product (book-keeping: no second
 backward pass).
 
-Supported: ``nn.Linear``, ``nn.Conv2d`` (zeros padding, ``groups=1``), ``WSConv2d``
-(gradients mapped through the weight standardisation to the raw weight and the gain), and
-the layers whose per-example gradients are small and formed directly: affine
-``nn.GroupNorm``, ``nn.LayerNorm`` (any leading shape), ``nn.InstanceNorm1d/2d/3d``
-(without running statistics) and ``nn.PReLU``; and ``nn.Embedding``, by a ghost sum over
-each example's tokens. An example's K augmented views are grouped
-as one example: its activations have K·T positions.
+Every module with trainable parameters is *claimed* by one rule (:func:`claims`), one small
+module per layer kind, registered by type (:func:`register_rule`):
+
+* dense: ``nn.Linear`` on any leading shape and ``WSConv2d``
+  (:mod:`~dpvision.per_example.layers.dense`), ``nn.Conv1d/2d/3d`` with any ``groups``,
+  stride, dilation, padding and padding mode (:mod:`~dpvision.per_example.layers.conv`);
+* small per-example gradients formed directly: affine ``nn.GroupNorm``, ``nn.LayerNorm``,
+  ``nn.RMSNorm``, ``nn.InstanceNorm1d/2d/3d`` (no running statistics), ``nn.PReLU`` and
+  BatchNorm with frozen statistics (evaluation mode, or
+  :class:`~dpvision.models.FrozenBatchNorm`);
+* ``nn.Embedding`` (a ghost sum over each example's tokens);
+* ``nn.MultiheadAttention`` as it is (its projections through the dense rule);
+* *free parameters* a container uses directly (class tokens, position embeddings, layer
+  scales), followed where they are broadcast against the batch
+  (:mod:`~dpvision.per_example.layers.free_parameters`);
+* any other layer without children with parameters: ``torch.func`` on that layer alone
+  (:mod:`~dpvision.per_example.layers.functional`).
+
+An example's K augmented views are grouped as one example: its activations have K·T
+positions. Adding a layer kind is adding a module with a :class:`LayerTerms` and its
+``register_rule``; the model check (:func:`dpvision.per_example.bookkeeping.unsupported_layers`)
+asks the same registry.
 """
 
 import dataclasses

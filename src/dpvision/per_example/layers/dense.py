@@ -380,7 +380,8 @@ class DenseTerms(LayerTerms):
         if self.train_weight or self.train_gain:
             if self.materialise:
                 parts = [self.dense.per_example(x, g, views) for x, g in calls]
-                self.natural = all(natural for _, natural in parts)
+                # Mixed orders (calls on different image sizes) all go to the weight's own.
+                self.natural = any(natural for _, natural in parts)
                 self.per_example = sum_calls(
                     part if natural == self.natural else self.dense.natural(part)
                     for part, natural in parts

@@ -136,3 +136,65 @@ def test_private_rows_make_the_same_update_with_the_noise_off(bench, views):
     # The non-private row differs: nothing is clipped (this test can fail).
     plain = _update(bench, setup, "non-private")
     assert not all(torch.allclose(plain[k], v) for k, v in reference.items())
+
+
+@pytest.mark.parametrize("family", ["vit", "convnext"])
+def test_transformer_era_families_run_and_write_their_own_files(tmp_path, family):
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--quick",
+            "--only",
+            family,
+            "--no-isolation",
+            "--rows",
+            "dpvision-bookkeeping",
+            "--threads",
+            "1",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((tmp_path / f"dpsgd_speed_{family}_quick.json").read_text())
+    rows = {r["row"]: r for r in result["setups"][0]["rows"]}
+    assert rows["dpvision-bookkeeping"]["status"] == "ok", rows
+    assert rows["dpvision-bookkeeping"]["time_ratio"] > 0
+
+
+def test_bookkeeping_profile_names_every_phase(tmp_path):
+    script = SCRIPT.with_name("bookkeeping_profile.py")
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--model",
+            "tanh-cnn",
+            "--batch",
+            "4",
+            "--repeats",
+            "1",
+            "--threads",
+            "1",
+            "--views",
+            "2",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads((tmp_path / "bookkeeping_profile_tanh-cnn_k2.json").read_text())
+    phases = result["phases"]
+    assert {"forward (with the tape)", "backward to the layer outputs"} <= set(phases)
+    assert any(k.startswith("terms: Conv2d") for k in phases)
+    assert result["bookkeeping_seconds"] == pytest.approx(sum(phases.values()))
+    assert all(v >= 0 for v in phases.values())

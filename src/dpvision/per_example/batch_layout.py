@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from dpvision.errors import DPVisionError
+from dpvision.per_example.layers.base import output_tensors
 
 
 class LayoutError(DPVisionError):
@@ -84,16 +85,6 @@ def _recording(layers: list[tuple[str, nn.Module]]) -> Iterator[dict[str, list[t
             handle.remove()
 
 
-def _outputs(output: Any) -> list[torch.Tensor]:
-    if isinstance(output, torch.Tensor):
-        return [output]
-    if isinstance(output, dict):
-        return [t for v in output.values() for t in _outputs(v)]
-    if isinstance(output, tuple | list):
-        return [t for v in output for t in _outputs(v)]
-    return []
-
-
 def _run(
     model: nn.Module,
     layers: list[tuple[str, nn.Module]],
@@ -107,7 +98,7 @@ def _run(
         if devices:
             torch.cuda.manual_seed(0)
         output = model(*args, **kwargs)
-    return seen, [t.detach() for t in _outputs(output)]
+    return seen, [t.detach() for t in output_tensors(output)]
 
 
 def _mixed_rows(before: torch.Tensor, after: torch.Tensor, views: int) -> bool:

@@ -78,6 +78,13 @@ def output_tensors(output: Any) -> list[torch.Tensor]:
     return []
 
 
+def position_sums(g: torch.Tensor, values: torch.Tensor, size: int) -> torch.Tensor:
+    """(B, size) sums over each row's positions of g ⊙ values, both (B, …, *shape) with
+    ``size`` = ∏ shape (the scale gradient of a normalisation over trailing dims)."""
+    flat_g = g.reshape(g.shape[0], -1, size)
+    return torch.einsum("bti,bti->bi", flat_g, values.reshape_as(flat_g))
+
+
 def sq_rows(rows: torch.Tensor) -> torch.Tensor:
     """Squared L2 norm of each row (B, ...) → (B,), without a squared temporary."""
     norms: torch.Tensor = torch.linalg.vector_norm(rows.reshape(rows.shape[0], -1), dim=1)

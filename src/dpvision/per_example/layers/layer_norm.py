@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812 (the usual PyTorch alias)
 from torch import nn
 
-from dpvision.per_example.layers.base import SmallRowsTerms, register_rule
+from dpvision.per_example.layers.base import SmallRowsTerms, position_sums, register_rule
 
 
 @register_rule(nn.LayerNorm)
@@ -20,8 +20,7 @@ class LayerNormTerms(SmallRowsTerms):
         with torch.no_grad():
             normalised = F.layer_norm(x, shape, eps=module.eps)
         size = math.prod(shape)
-        flat_g = g.reshape(g.shape[0], -1, size)
         return {
-            "weight": torch.einsum("bti,bti->bi", flat_g, normalised.reshape_as(flat_g)),
-            "bias": flat_g.sum(1),
+            "weight": position_sums(g, normalised, size),
+            "bias": g.reshape(g.shape[0], -1, size).sum(1),
         }

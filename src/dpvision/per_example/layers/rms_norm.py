@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F  # noqa: N812 (the usual PyTorch alias)
 from torch import nn
 
-from dpvision.per_example.layers.base import SmallRowsTerms, register_rule
+from dpvision.per_example.layers.base import SmallRowsTerms, position_sums, register_rule
 
 
 @register_rule(nn.RMSNorm)
@@ -19,5 +19,4 @@ class RMSNormTerms(SmallRowsTerms):
         shape = tuple(module.normalized_shape)
         with torch.no_grad():
             normalised = F.rms_norm(x, shape, eps=module.eps)
-        flat_g = g.reshape(g.shape[0], -1, math.prod(shape))
-        return {"weight": torch.einsum("bti,bti->bi", flat_g, normalised.reshape_as(flat_g))}
+        return {"weight": position_sums(g, normalised, math.prod(shape))}

@@ -96,8 +96,8 @@ class PrivacyEngine:
         ``criterion`` comes back as the third of four values, as in Opacus.
 
         Args:
-          module: the model; no BatchNorm, and trainable parameters only in layers
-            book-keeping supports.
+          module: the model; any standard layer (see :mod:`dpvision.per_example.layers`),
+            BatchNorm only with frozen statistics.
           optimizer: any torch optimizer over (some of) ``module``'s parameters.
           data_loader: a ``DataLoader`` with a ``batch_size``; q = batch_size/len(dataset).
           noise_multiplier: σ ≥ 0.
@@ -122,7 +122,8 @@ class PrivacyEngine:
             input (Opacus' ``batch_first=False`` is refused).
 
         Raises:
-          DPVisionError: a BatchNorm or unsupported layer, a bad argument, or an optimizer
+          DPVisionError: BatchNorm in training mode or another layer a rule refuses, a bad
+            argument, an option Opacus has and dpvision deliberately lacks, or an optimizer
             with parameters that are not ``module``'s.
 
         Privacy:

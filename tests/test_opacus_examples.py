@@ -80,7 +80,9 @@ def _mnist_test(model, test_loader):
     return correct / len(test_loader.dataset)
 
 
-@pytest.mark.parametrize("grad_sample_mode", ["hooks", "functorch", "ew"])
+@pytest.mark.parametrize(
+    "grad_sample_mode", ["functorch", pytest.param("hooks", marks=pytest.mark.slow)]
+)
 def test_opacus_mnist_example_loop(grad_sample_mode):
     torch.manual_seed(0)
     train_loader = DataLoader(_images(64, (1, 28, 28), 1), batch_size=16)
@@ -228,6 +230,9 @@ def test_where_dpvision_deliberately_differs_it_says_so_in_one_line():
         with pytest.raises(DPVisionError, match=message):
             PrivacyEngine(**options)
     assert PrivacyEngine(accountant="prv").accountant.mechanism() == "pld"
+    for mode in ("hooks", "functorch", "ew"):  # Opacus' modes: the same clipping here
+        made = PrivacyEngine().make_private(**common, grad_sample_mode=mode)
+        assert len(made) == 3
 
 
 def test_module_validator_freezes_batchnorm_for_fine_tuning():

@@ -138,7 +138,7 @@ def test_private_rows_make_the_same_update_with_the_noise_off(bench, views):
     assert not all(torch.allclose(plain[k], v) for k, v in reference.items())
 
 
-@pytest.mark.parametrize("family", ["vit", "convnext"])
+@pytest.mark.parametrize("family", ["vit", pytest.param("convnext", marks=pytest.mark.slow)])
 def test_transformer_era_families_run_and_write_their_own_files(tmp_path, family):
     done = subprocess.run(
         [

@@ -87,6 +87,9 @@ class TrainConfig:
         split (seeded; :mod:`dpvision.data.validation`): ``eval_every`` and the result's
         ``validation_accuracy`` use it and the test set is evaluated once, at the end.
         0 (the default, as in the papers): train on all of them.
+      public_fraction: the share of the training examples declared public and left out of
+        the private run (:mod:`dpvision.data.public`: a fixed split, the one ``dpvision
+        pretrain --public-fraction`` trains on); 0 (the default): all are private.
       preprocessing: see :class:`PreprocessingConfig`.
       learner: keyword arguments of the learner's estimator (validated against it).
       pretrain: ``dp-randp``: Phase I options, used when ``learner.encoder`` is unset
@@ -108,6 +111,7 @@ class TrainConfig:
     accountant: str | None = None
     seed: int = 0
     validation_fraction: float = 0.0
+    public_fraction: float = 0.0
     preprocessing: PreprocessingConfig = field(default_factory=PreprocessingConfig)
     learner: dict[str, Any] = field(default_factory=dict)
     pretrain: dict[str, Any] = field(default_factory=dict)
@@ -145,6 +149,7 @@ def _field_types(cls: type) -> dict[str, Any]:
 
 _NUMBER_FIELDS = {
     "validation_fraction",
+    "public_fraction",
     "epsilon",
     "delta",
     "noise_multiplier",
@@ -247,6 +252,8 @@ def validate(config: TrainConfig) -> TrainConfig:
         raise DPVisionError(
             f"validation_fraction must be in [0, 1), got {config.validation_fraction}"
         )
+    if not 0 <= config.public_fraction < 1:
+        raise DPVisionError(f"public_fraction must be in [0, 1), got {config.public_fraction}")
     if not 0 <= config.seed < 2**63:
         raise DPVisionError(f"seed must be a whole number in [0, 2**63), got {config.seed}")
     _check_public_shape(config)
@@ -275,6 +282,11 @@ def validate(config: TrainConfig) -> TrainConfig:
                 "start from an encoder is dp-randp with learner.phase2_steps = 0)"
             )
         if config.method == "dp-randp":
+            if options.init is not None or options.finetune != "all":
+                raise DPVisionError(
+                    "dp-randp's phases choose what trains and start from learner.encoder; "
+                    "learner.init and learner.finetune belong to --method dp-sgd"
+                )
             if options.normalization != "none":
                 raise DPVisionError(
                     "dp-randp normalises pixels with the encoder's (public) statistics; "
@@ -287,6 +299,11 @@ def validate(config: TrainConfig) -> TrainConfig:
                     "the dataset's image shape); remove it from [pretrain]"
                 )
             PretrainOptions.from_dict(config.pretrain)
+        if options.init is not None and not Path(options.init).expanduser().is_file():
+            raise DPVisionError(
+                f"learner.init: {options.init} not found (weights are never downloaded at run "
+                "time: save them to this file first)"
+            )
         return config
     allowed = set(LEARNERS[config.method]().get_params()) - {
         "target_epsilon",

@@ -31,7 +31,7 @@ import torch.nn.functional as F  # noqa: N812 (the usual PyTorch alias)
 from dpvision.accounting import PrivacyLedger, calibrate_noise_multiplier, default_accountant
 from dpvision.config import TrainConfig
 from dpvision.data.inputs import DATASET_STATISTICS, LazyInputs, TrainingData, lazy_pixel_inputs
-from dpvision.data.validation import validation_split
+from dpvision.data.public import training_rows
 from dpvision.distributed import Workers, current
 from dpvision.errors import DPVisionError
 from dpvision.features import feature_shape, load_or_extract, parse_feature_spec
@@ -40,7 +40,9 @@ from dpvision.features.preprocessing import FittedPreprocessing, preprocess
 from dpvision.log import progress, say
 from dpvision.mechanisms import PoissonSampler
 from dpvision.models.encoder import load_into
-from dpvision.models.registry import build_model
+from dpvision.models.finetune import apply_finetune
+from dpvision.models.registry import build_network, is_external, prepare_for_dp
+from dpvision.models.weights import load_weights
 from dpvision.runs.saved import TrainedModel, privacy_of
 from dpvision.runs.transfer import transfer_plan
 from dpvision.training.batching import micro_batches
@@ -74,13 +76,16 @@ def run_settings(config: TrainConfig) -> dict[str, Any]:
     data = config.to_dict()
     data.pop("data_dir", None)
     data.pop("reference", None)  # what the run reproduces, not how it runs
-    if not data.get("validation_fraction"):  # as before the option existed: old checkpoints
-        data.pop("validation_fraction", None)
+    for name in ("validation_fraction", "public_fraction"):
+        if not data.get(name):  # as before the option existed: old checkpoints resume
+            data.pop(name, None)
     options = config.dpsgd
     data["learner"] = options.run_settings()
-    if options.encoder is not None and Path(options.encoder).is_file():
-        # A run resumes only from the very same encoder, not another file at the same path.
-        data["learner"]["encoder_sha256"] = encoder_digest(options.encoder)
+    for key in ("encoder", "init"):
+        path = getattr(options, key)
+        if path is not None and Path(path).is_file():
+            # A run resumes only from the very same weights, not another file at the path.
+            data["learner"][f"{key}_sha256"] = encoder_digest(path)
     return data
 
 
@@ -130,6 +135,7 @@ class _Run:
     quiet: bool
     checkpoint: Path | None
     settings: dict[str, Any]
+    start_info: dict[str, Any] = dataclasses.field(default_factory=dict)
     last_report: float = dataclasses.field(default_factory=time.perf_counter)
     started: float = dataclasses.field(default_factory=time.perf_counter)
     first_step: int = 0  # where this process started (after a resume)
@@ -161,12 +167,7 @@ class _Run:
             plan = transfer_plan(config, options, data, sigma, sample_rate, steps, quiet)
             options = dataclasses.replace(options, groups=plan.info.groups)
         torch.manual_seed(seeds["init"])
-        shape = tuple(data.train_x.shape[1:])
-        model = build_model(options.model, shape, data.num_classes, groups=options.groups)
-        if plan is not None:
-            plan.head, _ = load_into(
-                model, plan.encoder, model_name=options.model, input_shape=plan.info.input_shape
-            )
+        model, start = initial_model(config, options, data, plan, quiet)
         state = TrainingState(
             model=model,
             optimizer=phase_optimizer(options, model, plan, 0),
@@ -211,6 +212,7 @@ class _Run:
             quiet=quiet,
             checkpoint=checkpoint,
             settings=settings,
+            start_info=start,
         )
         run.resume()
         say(
@@ -311,6 +313,7 @@ class _Run:
             network=model.eval(),
             model_name=self.options.model,
             groups=self.options.groups,
+            batchnorm=self.options.batchnorm_mode,
             class_names=self.data.class_names,
         )
 
@@ -356,6 +359,9 @@ class _Run:
             "n_test": len(self.data.test_y),
             "num_features": int(np.prod(self.data.train_x.shape[1:])),
             "num_parameters": int(sum(p.numel() for p in model.parameters())),
+            "num_trained_parameters": int(
+                sum(p.numel() for p in model.parameters() if p.requires_grad)
+            ),
             # Post-processing of the releases: whether the released model blew up.
             "diverged": not all(bool(torch.isfinite(p).all()) for p in model.parameters()),
             "seed": config.seed,
@@ -365,9 +371,74 @@ class _Run:
             "epsilon_zcdp": None,
             "history": state.history,
             **({} if self.plan is None else self.plan.summary(epsilon)),
+            **self.start_info,
             "privacy_ledger": ledger.to_dict()["entries"],
             "config": config.to_dict(),
         }
+
+
+def initial_model(
+    config: TrainConfig,
+    options: DPSGDOptions,
+    data: TrainingData,
+    plan: TransferPlan | None,
+    quiet: bool,
+) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The model a run starts from: built, weights loaded (``learner.init`` or the DP-RandP
+    encoder), BatchNorm frozen or replaced, the parameters ``learner.finetune`` leaves out
+    frozen; and what the result should say of it.
+
+    Privacy: the architecture, the weights and what is frozen come from the config and the
+    weight file, never from the private data. Weights whose file says they were trained on
+    this very dataset are refused (their cost is outside this run's ledger) unless they
+    came from its public slice or ``learner.init_allow_same_dataset`` is set.
+    """
+    shape = tuple(int(v) for v in data.train_x.shape[1:])
+    model = build_network(options.model, shape, data.num_classes, groups=options.groups)
+    info: dict[str, Any] = {}
+    if plan is not None:
+        plan.head, _ = load_into(
+            model, plan.encoder, model_name=options.model, input_shape=plan.info.input_shape
+        )
+    elif options.init is not None:
+        report = load_weights(model, options.init)
+        check_init_data(report.record, data.name, config.public_fraction, options)
+        say(report.message(), quiet)
+        info["init"] = {
+            "path": str(options.init),
+            "sha256": encoder_digest(options.init),
+            "head_replaced": report.head_replaced,
+            "trained_on": report.record.get("trained_on") or report.record.get("dataset"),
+        }
+    if is_external(options.model):
+        model = prepare_for_dp(model, options.batchnorm_mode)
+        info["batchnorm"] = options.batchnorm_mode
+    trained = apply_finetune(model, options.finetune)
+    info["finetune"] = options.finetune
+    if options.finetune != "all":
+        say(f"fine-tuning {options.finetune}: {len(trained)} parameter tensors train", quiet)
+    return model, info
+
+
+def check_init_data(
+    record: dict[str, Any], dataset: str, public_fraction: float, options: DPSGDOptions
+) -> None:
+    """Refuses weights trained on the private dataset itself (see :func:`initial_model`)."""
+    name = record.get("dataset")
+    if name != dataset or options.init_allow_same_dataset:
+        return
+    if record.get("public_fraction") and record.get("public_fraction") == public_fraction:
+        return  # pre-trained on the public slice this run leaves out
+    where = (
+        f"its public slice (public_fraction = {record['public_fraction']:g}); set "
+        f"public_fraction = {record['public_fraction']:g} to leave those rows out of this run"
+        if record.get("public_fraction")
+        else "its private training rows"
+    )
+    raise DPVisionError(
+        f"learner.init {options.init} was trained on {dataset}, {where}; its privacy cost is not "
+        "in this run's ledger (set learner.init_allow_same_dataset = true to start from it anyway)"
+    )
 
 
 def format_metrics(entry: dict[str, Any]) -> str:
@@ -413,9 +484,13 @@ def load_inputs(
     dataset = config.load_dataset()
     ledger = PrivacyLedger()
     labels = np.asarray(dataset.train_labels)
-    rows, held = np.arange(len(labels)), np.arange(0)
-    if config.validation_fraction:
-        rows, held = validation_split(len(labels), config.validation_fraction, config.seed)
+    rows, held = training_rows(
+        len(labels),
+        public_fraction=config.public_fraction,
+        validation_fraction=config.validation_fraction,
+        seed=config.seed,
+    )
+    subset = len(rows) < len(labels)
 
     def data(train: Any, test: Any, validation: Any) -> TrainingData:
         return TrainingData(
@@ -447,7 +522,7 @@ def load_inputs(
             return lazy_pixel_inputs(pixels, dataset.name, options.normalization)
 
         inputs = data(
-            lazy(images[rows] if len(held) else images),
+            lazy(images[rows] if subset else images),
             lazy(dataset.test_images),
             lazy(images[held]) if len(held) else None,
         )
@@ -464,8 +539,8 @@ def load_inputs(
     )
     # Under torchrun rank 0 extracts and caches the features, then the others read them.
     train, test = current().main_first(lambda: load_or_extract(dataset, spec, progress=not quiet))
-    if len(held):  # the held-out rows (validation, then test) are only transformed
-        train, test = np.asarray(train[rows]), np.concatenate([train[held], test])
+    if subset:  # the held-out rows (validation, then test) are only transformed
+        train, test = np.asarray(train[rows]), np.concatenate([np.asarray(train[held]), test])
     train, test, fitted = preprocess(
         config.preprocessing,
         train,

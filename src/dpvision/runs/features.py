@@ -11,7 +11,7 @@ import numpy as np
 from dpvision.accounting import PrivacyLedger, default_accountant, zcdp_epsilon
 from dpvision.accounting.gaussian import is_unsampled_gaussian
 from dpvision.config import TrainConfig
-from dpvision.data.validation import validation_split
+from dpvision.data.public import training_rows
 from dpvision.distributed import current
 from dpvision.errors import DPVisionError
 from dpvision.features import feature_shape, load_or_extract, parse_feature_spec
@@ -75,12 +75,19 @@ def run_features(
         quiet,
     )
     train_labels, held = np.asarray(dataset.train_labels), 0
-    if config.validation_fraction:
+    rows, kept = training_rows(
+        len(train_labels),
+        public_fraction=config.public_fraction,
+        validation_fraction=config.validation_fraction,
+        seed=config.seed,
+    )
+    if len(kept):
         # The held-out rows go through the same (released) preprocessing as the test set.
-        rows, kept = validation_split(len(train_labels), config.validation_fraction, config.seed)
         validation_labels = train_labels[kept]
         test = np.concatenate([np.asarray(train[kept]), np.asarray(test)])
-        train, train_labels, held = np.asarray(train[rows]), train_labels[rows], len(kept)
+        held = len(kept)
+    if len(rows) < len(train_labels):
+        train, train_labels = np.asarray(train[rows]), train_labels[rows]
     fitted = fit_learner(config, train, train_labels, test, channels, dataset.num_classes)
     learner, train, test, prior = fitted.learner, fitted.train, fitted.test, fitted.prior
     scores = {}

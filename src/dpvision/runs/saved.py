@@ -64,7 +64,8 @@ class TrainedModel:
       input_shape: (C, H, W) the network takes (``None`` for a linear model).
       coef, intercept: the linear model (m × d, m), or ``None``.
       network: the network (evaluation mode), or ``None``.
-      model_name, groups: how :func:`dpvision.models.registry.build_model` rebuilds it.
+      model_name, groups, batchnorm: how :func:`dpvision.models.registry.build_model`
+        rebuilds it (``batchnorm``: what became of a timm/torchvision model's BatchNorm).
       privacy: ``epsilon``, ``delta``, ``accountant``, ``noise_multiplier`` and
         ``privacy_ledger`` (every release) of the run.
       config: the resolved config of the run.
@@ -89,6 +90,7 @@ class TrainedModel:
     network: nn.Module | None = None
     model_name: str | None = None
     groups: int | None = None
+    batchnorm: str | None = None
     encoder_sha256: str | None = None
     class_names: tuple[str, ...] | None = None
 
@@ -204,6 +206,7 @@ class TrainedModel:
             "input_shape": self.input_shape,
             "model_name": self.model_name,
             "groups": self.groups,
+            "batchnorm": self.batchnorm,
             "privacy": self.privacy,
             "config": self.config,
             "class_names": self.class_names,
@@ -255,7 +258,11 @@ def _from_document(document: dict[str, Any], tensors: dict[str, torch.Tensor]) -
     if document["model_name"] is not None:
         input_shape = tuple(document["input_shape"])
         network = build_model(
-            document["model_name"], input_shape, document["num_classes"], groups=document["groups"]
+            document["model_name"],
+            input_shape,
+            document["num_classes"],
+            groups=document["groups"],
+            batchnorm=document.get("batchnorm") or "group-norm",
         )
         weights = {k.split(".", 1)[1]: v for k, v in tensors.items() if k.startswith("network.")}
         network.load_state_dict(weights)
@@ -296,6 +303,7 @@ def _from_document(document: dict[str, Any], tensors: dict[str, torch.Tensor]) -
         network=network,
         model_name=document["model_name"],
         groups=document["groups"],
+        batchnorm=document.get("batchnorm"),
         encoder_sha256=document["encoder_sha256"],
         class_names=None if document["class_names"] is None else tuple(document["class_names"]),
     )

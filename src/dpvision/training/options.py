@@ -18,7 +18,8 @@ from typing import Any
 
 from dpvision.data.augment import PADDING_MODES
 from dpvision.errors import DPVisionError
-from dpvision.models.registry import parse_model
+from dpvision.models.finetune import FINETUNE_MODES
+from dpvision.models.registry import BATCHNORM_MODES, check_model
 from dpvision.per_example import CLIPPING_METHODS
 
 OPTIMIZERS = ("sgd", "adam")
@@ -56,7 +57,20 @@ class DPSGDOptions:
       model: ``tanh-cnn`` (pixels, 1×28×28 or 3×32×32), ``scatter-cnn`` (ScatterNet
         features), ``wrn-D-K`` (Wide-ResNet with GroupNorm and WS convolutions),
         ``mlp-H`` (tanh MLP with H hidden units on flattened inputs of any size; ``mlp-0``
-        is logistic regression).
+        is logistic regression), ``timm:NAME``, ``torchvision:NAME`` or
+        ``python:MODULE:CALLABLE`` (:mod:`dpvision.models.sources`).
+      init: weights to start from (:mod:`dpvision.models.weights`: a state dict ``.pt`` or
+        ``.safetensors``, a ``dpvision pretrain`` file, a dpvision checkpoint or model); the
+        head starts fresh when the file's does not fit the task.
+      finetune: what trains (:mod:`dpvision.models.finetune`): ``all``, ``head``,
+        ``norms+head`` or ``bias+head``; the rest is frozen, never clipped nor noised.
+      batchnorm: BatchNorm of timm/torchvision/python models: ``freeze`` (running
+        statistics kept), ``group-norm`` (fresh GroupNorm), ``auto`` (freeze with ``init``,
+        GroupNorm without). Never trained on private batches.
+      init_allow_same_dataset: start from weights whose file says they were trained on the
+        run's own dataset (refused by default: that training's privacy cost is not in this
+        run's ledger). Weights pre-trained on its public slice (``public_fraction``) need
+        no such permission.
       batch_size: expected logical batch size B; Poisson sampling at q = B/N.
       steps: logical steps T; if unset, ``epochs``.
       epochs: T = ceil(epochs / q) when ``steps`` is unset.
@@ -84,6 +98,10 @@ class DPSGDOptions:
     """
 
     model: str = "tanh-cnn"
+    init: str | None = None
+    finetune: str = "all"
+    batchnorm: str = "auto"
+    init_allow_same_dataset: bool = False
     batch_size: int = 256
     steps: int | None = None
     epochs: float | None = 10.0
@@ -139,7 +157,7 @@ class DPSGDOptions:
         return out
 
     def validated(self) -> "DPSGDOptions":
-        parse_model(self.model)
+        check_model(self.model)
         performance = self.performance
         positive = {
             "batch_size": self.batch_size,
@@ -186,6 +204,8 @@ class DPSGDOptions:
             "normalization": (self.normalization, NORMALIZATIONS),
             "padding_mode": (self.padding_mode, PADDING_MODES),
             "clipping": (performance.clipping, CLIPPING_METHODS),
+            "finetune": (self.finetune, FINETUNE_MODES),
+            "batchnorm": (self.batchnorm, BATCHNORM_MODES),
         }
         for name, (value, allowed) in choices.items():
             if value not in allowed:
@@ -193,6 +213,13 @@ class DPSGDOptions:
                     f"unknown learner.{name} {value!r}; choose one of {', '.join(allowed)}"
                 )
         return self
+
+    @property
+    def batchnorm_mode(self) -> str:
+        """``freeze`` or ``group-norm``: what ``auto`` means for this run."""
+        if self.batchnorm != "auto":
+            return self.batchnorm
+        return "freeze" if self.init is not None else "group-norm"
 
     @property
     def is_transfer(self) -> bool:

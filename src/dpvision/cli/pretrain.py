@@ -6,16 +6,41 @@ from typing import Any
 
 from dpvision.cli.arguments import input_file, output_file, whole_number
 from dpvision.data.synthetic import write_preview
+from dpvision.errors import DPVisionError
 
 
 def add_pretrain_parser(commands: Any) -> None:
     pretrain = commands.add_parser(
         "pretrain",
-        help="DP-RandP Phase I: pre-train an encoder on synthetic images (no private data)",
-        description="Contrastive pre-training (alignment + uniformity, Wang & Isola) of a "
-        "model's body on images from a random process; writes an encoder file for "
-        "`dpvision train --method dp-randp --set learner.encoder=FILE` or "
-        "`--features encoder:path=FILE`. Uses no private data and costs no privacy.",
+        help="pre-train without privacy: on synthetic images (DP-RandP Phase I) or a public "
+        "dataset",
+        description="--objective contrastive (the default): DP-RandP's Phase I, alignment + "
+        "uniformity (Wang & Isola) on images from a random process; writes an encoder for "
+        "`dpvision train --method dp-randp --set learner.encoder=FILE`. --objective "
+        "supervised: cross-entropy on the training images of a public --dataset (or its "
+        "public slice, --public-fraction); writes a file for `--set learner.init=FILE`. Both "
+        "also serve `--features encoder:path=FILE`. Neither may read private data: they "
+        "record no privacy cost.",
+    )
+    pretrain.add_argument(
+        "--objective",
+        choices=("contrastive", "supervised"),
+        default="contrastive",
+        help="contrastive (synthetic images, DP-RandP) or supervised (a public dataset)",
+    )
+    pretrain.add_argument("--dataset", help="supervised: the public dataset")
+    pretrain.add_argument("--data-dir", metavar="DIR", help="supervised: where its files are")
+    pretrain.add_argument(
+        "--public-fraction",
+        type=float,
+        metavar="F",
+        help="supervised: train on the fixed public slice of this share of the training set "
+        "(a private run with public_fraction = F leaves it out)",
+    )
+    pretrain.add_argument("--epochs", type=float, help="supervised: epochs (or --steps)")
+    pretrain.add_argument("--learning-rate", type=float, help="SGD learning rate")
+    pretrain.add_argument(
+        "--label-smoothing", type=float, help="supervised: of the cross-entropy (default 0)"
     )
     pretrain.add_argument(
         "--out", type=output_file, required=True, metavar="FILE", help="the encoder file"
@@ -64,23 +89,48 @@ def run_pretrain(args: argparse.Namespace) -> None:
     from dpvision.training.pretrain import PretrainOptions, pretrain
 
     raw: dict[str, Any] = {}
+    objective = args.objective
     if args.config:
         table = load_toml(args.config)
         raw.update(table.get("pretrain", table))
-    flags = {
+        objective = str(raw.pop("objective", objective))
+    common = {
         "model": args.model,
-        "synthetic": args.synthetic,
-        "size": args.size,
-        "channels": args.channels,
         "steps": args.steps,
         "batch_size": args.batch_size,
-        "num_images": args.num_images,
+        "learning_rate": args.learning_rate,
         "seed": args.seed,
     }
-    raw.update({k: v for k, v in flags.items() if v is not None})
+    only = {
+        "contrastive": {
+            "synthetic": args.synthetic,
+            "size": args.size,
+            "channels": args.channels,
+            "num_images": args.num_images,
+        },
+        "supervised": {
+            "dataset": args.dataset,
+            "data_dir": args.data_dir,
+            "public_fraction": args.public_fraction,
+            "epochs": args.epochs,
+            "label_smoothing": args.label_smoothing,
+        },
+    }
+    if objective not in only:
+        raise DPVisionError(f"unknown objective {objective!r}; choose contrastive or supervised")
+    for other, flags in only.items():
+        given = [k for k, v in flags.items() if v is not None]
+        if other != objective and given:
+            raise DPVisionError(
+                f"--{given[0].replace('_', '-')} is for --objective {other}, not {objective}"
+            )
+    raw.update({k: v for k, v in {**common, **only[objective]}.items() if v is not None})
     for item in args.set:
         path, value = parse_override(item)
         raw[".".join(path)] = value
+    if objective == "supervised":
+        run_supervised(raw, args)
+        return
     options = PretrainOptions.from_dict(raw)
     result = pretrain(options, args.out, checkpoint=args.checkpoint, quiet=args.quiet)
     if args.json:
@@ -90,6 +140,26 @@ def run_pretrain(args: argparse.Namespace) -> None:
         f"({options.channels}×{options.size}×{options.size}) for {options.steps} steps: final "
         f"loss {result['final_loss']:.4f}, wall time {result['wall_seconds']:.1f} s\n"
         f"written to {args.out} (no private data used: ε = 0)"
+    )
+
+
+def run_supervised(raw: dict[str, Any], args: argparse.Namespace) -> None:
+    """``dpvision pretrain --objective supervised``: validate, train, write, summarise."""
+    # local import: start-up time
+    from dpvision.fileio import write_json_atomic
+
+    # local import: start-up time
+    from dpvision.training.supervised import SupervisedOptions, pretrain_supervised
+
+    options = SupervisedOptions.from_dict(raw)
+    result = pretrain_supervised(options, args.out, checkpoint=args.checkpoint, quiet=args.quiet)
+    if args.json:
+        write_json_atomic(args.json, result)
+    print(
+        f"{options.model} pre-trained on {result['trained_on']} for {result['steps']} steps: "
+        f"final loss {result['final_loss']:.4f}, test accuracy {result['test_accuracy']:.4f}, "
+        f"wall time {result['wall_seconds']:.1f} s\nwritten to {args.out} (public data only: no "
+        "privacy cost recorded; use it with --set learner.init=FILE)"
     )
 
 

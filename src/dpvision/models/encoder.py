@@ -20,7 +20,7 @@ from torch import nn
 from dpvision.errors import DPVisionError
 from dpvision.fileio import atomic_open, load_torch
 from dpvision.models.heads import head_name, replace_head
-from dpvision.models.registry import build_model
+from dpvision.models.registry import build_network
 
 ENCODER_FORMAT = "dpvision-encoder-v1"
 
@@ -54,8 +54,17 @@ class EncoderInfo:
 
 
 def build_body(model: str, input_shape: tuple[int, int, int], groups: int) -> nn.Module:
-    """The named model for ``input_shape`` with its head replaced by the identity."""
-    return replace_head(build_model(model, input_shape, 2, groups=groups), nn.Identity())
+    """The named model for ``input_shape`` with its head replaced by the identity (as its
+    source builds it: a timm model keeps its BatchNorm, used in eval mode for features)."""
+    return replace_head(build_network(model, input_shape, 2, groups=groups), nn.Identity())
+
+
+def without_head(state: dict[str, torch.Tensor], info: "EncoderInfo") -> dict[str, torch.Tensor]:
+    """``state`` less the head's parameters: a supervised pre-training file
+    (``dpvision pretrain --objective supervised``) keeps its classifier; a body has none."""
+    full = build_network(info.model, info.input_shape, 2, groups=info.groups)
+    prefix = head_name(full) + "."
+    return {key: value for key, value in state.items() if not key.startswith(prefix)}
 
 
 def save_encoder(path: str | Path, body: nn.Module, info: EncoderInfo) -> Path:
@@ -98,7 +107,7 @@ def load_encoder(path: str | Path) -> tuple[nn.Module, EncoderInfo]:
     info, state = read_encoder(path)
     body = build_body(info.model, info.input_shape, info.groups)
     try:
-        body.load_state_dict(state)
+        body.load_state_dict(without_head(state, info))
     except RuntimeError:
         raise DPVisionError(f"encoder {path} does not match the model {info.model}") from None
     return body.eval(), info
@@ -136,7 +145,7 @@ def load_into(
         )
     head = head_name(model)
     try:
-        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing, unexpected = model.load_state_dict(without_head(state, info), strict=False)
     except RuntimeError:
         raise DPVisionError(f"encoder {path} does not match the model {model_name}") from None
     others = [name for name in missing if not name.startswith(head + ".")]

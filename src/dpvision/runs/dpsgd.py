@@ -429,15 +429,18 @@ def check_init_data(
         return
     if record.get("public_fraction") and record.get("public_fraction") == public_fraction:
         return  # pre-trained on the public slice this run leaves out
-    where = (
-        f"its public slice (public_fraction = {record['public_fraction']:g}); set "
-        f"public_fraction = {record['public_fraction']:g} to leave those rows out of this run"
-        if record.get("public_fraction")
-        else "its private training rows"
-    )
+    fraction = record.get("public_fraction")
+    if fraction:
+        raise DPVisionError(
+            f"learner.init {options.init} was trained on the public slice of {dataset} "
+            f"(public_fraction = {fraction:g}) and this run's public_fraction is "
+            f"{public_fraction:g}: set public_fraction = {fraction:g} so that the private rows "
+            "are the others (or learner.init_allow_same_dataset = true)"
+        )
     raise DPVisionError(
-        f"learner.init {options.init} was trained on {dataset}, {where}; its privacy cost is not "
-        "in this run's ledger (set learner.init_allow_same_dataset = true to start from it anyway)"
+        f"learner.init {options.init} was trained on {dataset}, the dataset this run protects; "
+        "that training's privacy cost is not in this run's ledger (set "
+        "learner.init_allow_same_dataset = true to start from it anyway)"
     )
 
 

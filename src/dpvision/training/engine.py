@@ -127,7 +127,8 @@ class ParameterEMA:
         was made for)."""
         mu = ema_decay(self.decay, self.step)
         for name, param in (model or self.model).named_parameters():
-            self.shadow[name].mul_(mu).add_(param.detach(), alpha=1 - mu)
+            if param.requires_grad:  # a frozen parameter's average is itself, bit for bit
+                self.shadow[name].mul_(mu).add_(param.detach(), alpha=1 - mu)
         self.step += 1
 
     @torch.no_grad()

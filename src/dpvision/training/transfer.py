@@ -60,8 +60,9 @@ def phase_optimizer(
     ``make_private``.
     """
     phase2 = plan is not None and step < plan.phase2_steps
-    for name, param in model.named_parameters():
-        param.requires_grad_(not phase2 or (plan is not None and name in plan.head))
+    if plan is not None:  # without a plan, what trains is learner.finetune's (already set)
+        for name, param in model.named_parameters():
+            param.requires_grad_(not phase2 or name in plan.head)
     rate = options.learning_rate
     if phase2 and options.phase2_learning_rate is not None:
         rate = options.phase2_learning_rate

@@ -1,0 +1,458 @@
+"""Non-private supervised pre-training on a public dataset (De et al. 2022, §4 and App. C).
+
+``dpvision pretrain --objective supervised`` trains a whole model — body and classifier —
+with cross-entropy (optionally label-smoothed) on the training images of a *public*
+dataset: SGD with momentum, weight decay, random crops and flips (augmentation multiplicity
+1), a constant, step or cosine learning-rate schedule; the seed-003 recipes are configs
+under ``configs/seed003/``. BatchNorm trains as usual here (no privacy is at stake); a
+private run later freezes it or replaces it (``learner.batchnorm``).
+
+The result is an encoder file (:mod:`dpvision.models.encoder`) that keeps the head, with a
+record of what it was trained on (``dataset``, ``public_fraction``), read by
+``learner.init`` and by ``--features encoder:path=FILE``. Checkpoints (atomic) hold the
+model, the optimizer, the step and every random state: a resumed run ends with the same
+weights as an uninterrupted one.
+
+Privacy: the whole point is that these images are public. With ``public_fraction = f``
+only the fixed public slice of the dataset's training set is read
+(:func:`dpvision.data.public.public_split`); the private run then leaves those rows out.
+Nothing is recorded in any privacy ledger: this run has no privacy cost only if its data
+are public, which the output file states so a private run of the same dataset can refuse
+it.
+"""
+
+import dataclasses
+import hashlib
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch.nn import functional
+
+from dpvision.data.augment import PADDING_MODES, augment_views
+from dpvision.data.datasets import load_dataset
+from dpvision.data.inputs import DATASET_STATISTICS, lazy_pixel_inputs
+from dpvision.data.public import public_split
+from dpvision.errors import DPVisionError
+from dpvision.fileio import atomic_open, differing_keys, load_torch
+from dpvision.log import progress, say
+from dpvision.models.encoder import EncoderInfo, save_encoder
+from dpvision.models.registry import build_network, check_model
+
+SUPERVISED_CHECKPOINT_FORMAT = "dpvision-supervised-checkpoint-v1"
+SCHEDULES = ("constant", "step", "cosine")
+
+
+@dataclasses.dataclass(frozen=True)
+class SupervisedOptions:
+    """Hyper-parameters of supervised pre-training (``dpvision pretrain --objective
+    supervised``; the ``[pretrain]`` table of such a config).
+
+    Attributes:
+      dataset: the public dataset (a dpvision dataset name or path spec).
+      data_dir: where its files are (``None``: the standard lookup).
+      public_fraction: 0: the whole training set is public; f in (0, 1): only the fixed
+        public slice of it (:mod:`dpvision.data.public`), the rest left to a private run.
+      model: a model spec (:mod:`dpvision.models.sources`).
+      groups: GroupNorm groups of dpvision's WRNs.
+      steps: optimisation steps; if unset, ``epochs`` over the public images.
+      epochs: used when ``steps`` is unset.
+      batch_size, learning_rate, momentum, nesterov, weight_decay: SGD's.
+      schedule: ``constant``, ``step`` (÷10 at each of ``milestones``, fractions of the
+        steps) or ``cosine`` (to 0), after ``warmup_steps`` of linear warm-up.
+      label_smoothing: of the cross-entropy.
+      crop_padding, flip, padding_mode: the random crop and flip (0 and false: none).
+      normalization: ``none`` (pixels in [0, 1]) or ``dataset`` (published statistics);
+        recorded in the file — fine-tune with the same ``learner.normalization``.
+      seed: seeds the initialisation, the order and the augmentation.
+      checkpoint_every: steps between checkpoints (with a checkpoint path).
+    """
+
+    dataset: str = ""
+    data_dir: str | None = None
+    public_fraction: float = 0.0
+    model: str = "tanh-cnn"
+    groups: int = 16
+    steps: int | None = None
+    epochs: float | None = 10.0
+    batch_size: int = 128
+    learning_rate: float = 0.1
+    momentum: float = 0.9
+    nesterov: bool = False
+    weight_decay: float = 5e-4
+    schedule: str = "constant"
+    milestones: tuple[float, ...] = (0.5, 0.75)
+    warmup_steps: int = 0
+    label_smoothing: float = 0.0
+    crop_padding: int = 4
+    flip: bool = True
+    padding_mode: str = "reflect"
+    normalization: str = "none"
+    seed: int = 0
+    checkpoint_every: int = 500
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> "SupervisedOptions":
+        """Builds and validates the options; unknown keys and bad values are one-line errors."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        values: dict[str, Any] = {}
+        for key, value in raw.items():
+            if key not in fields:
+                raise DPVisionError(
+                    f"unknown pretrain option {key!r} for --objective supervised; valid: "
+                    f"{', '.join(sorted(fields))}"
+                )
+            kind = fields[key].type
+            name = kind.__name__ if isinstance(kind, type) else str(kind)
+            values[key] = _coerce(key, value, name)
+        if values.get("steps") is not None and "epochs" not in values:
+            values["epochs"] = None
+        return cls(**values).validated()
+
+    def validated(self) -> "SupervisedOptions":
+        if not self.dataset:
+            raise DPVisionError("supervised pre-training needs --dataset (the public dataset)")
+        check_model(self.model)
+        if (self.steps is None) == (self.epochs is None):
+            raise DPVisionError("give exactly one of pretrain steps and epochs")
+        if self.steps is not None and self.steps < 1:
+            raise DPVisionError(f"pretrain.steps must be >= 1, got {self.steps}")
+        if self.epochs is not None and not self.epochs > 0:
+            raise DPVisionError(f"pretrain.epochs must be > 0, got {self.epochs}")
+        if not 0 <= self.public_fraction < 1:
+            raise DPVisionError(
+                f"pretrain.public_fraction must be in [0, 1), got {self.public_fraction}"
+            )
+        for name in ("batch_size", "learning_rate"):
+            if not getattr(self, name) > 0:
+                raise DPVisionError(f"pretrain.{name} must be > 0, got {getattr(self, name)}")
+        for name in (
+            "momentum",
+            "weight_decay",
+            "warmup_steps",
+            "crop_padding",
+            "groups",
+            "checkpoint_every",
+        ):
+            if getattr(self, name) < 0:
+                raise DPVisionError(f"pretrain.{name} must be >= 0, got {getattr(self, name)}")
+        if self.checkpoint_every < 0:
+            raise DPVisionError(
+                f"pretrain.checkpoint_every must be >= 0, got {self.checkpoint_every}"
+            )
+        if not 0 <= self.label_smoothing < 1:
+            raise DPVisionError(
+                f"pretrain.label_smoothing must be in [0, 1), got {self.label_smoothing}"
+            )
+        if any(not 0 < m < 1 for m in self.milestones):
+            raise DPVisionError("pretrain.milestones must be fractions of the steps in (0, 1)")
+        if not 0 <= self.seed < 2**63:
+            raise DPVisionError(f"pretrain.seed must be in [0, 2**63), got {self.seed}")
+        choices = {
+            "schedule": (self.schedule, SCHEDULES),
+            "padding_mode": (self.padding_mode, PADDING_MODES),
+            "normalization": (self.normalization, ("none", "dataset")),
+        }
+        for name, (value, allowed) in choices.items():
+            if value not in allowed:
+                raise DPVisionError(
+                    f"unknown pretrain.{name} {value!r}; choose one of {', '.join(allowed)}"
+                )
+        return self
+
+    def settings(self) -> dict[str, Any]:
+        """Every option that changes the weights (all but where the data are and how often
+        to checkpoint)."""
+        data = dataclasses.asdict(self)
+        data.pop("checkpoint_every")
+        data.pop("data_dir")
+        return data
+
+
+def _coerce(name: str, value: Any, kind: str) -> Any:
+    where = f"pretrain.{name}"
+    if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+        if "None" not in kind:
+            raise DPVisionError(f"{where} cannot be empty")
+        return None
+    if kind.startswith("tuple"):
+        if not isinstance(value, list | tuple) or not all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in value
+        ):
+            raise DPVisionError(f"{where} must be a list of numbers, got {value!r}")
+        return tuple(float(v) for v in value)
+    if kind.startswith("bool"):
+        if not isinstance(value, bool):
+            raise DPVisionError(f"{where} must be true or false, got {value!r}")
+        return value
+    if kind.startswith("int"):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise DPVisionError(f"{where} must be a whole number, got {value!r}")
+        return value
+    if kind.startswith("float"):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise DPVisionError(f"{where} must be a number, got {value!r}")
+        return float(value)
+    if not isinstance(value, str):
+        raise DPVisionError(f"{where} must be a string, got {value!r}")
+    return value
+
+
+def learning_rate_at(options: SupervisedOptions, step: int, steps: int) -> float:
+    """The schedule's learning rate at ``step`` of ``steps``.
+
+    >>> o = SupervisedOptions(dataset="x", schedule="step", learning_rate=1.0, steps=100)
+    >>> [learning_rate_at(o, s, 100) for s in (0, 50, 75)]
+    [1.0, 0.1, 0.010000000000000002]
+    """
+    rate = options.learning_rate
+    if step < options.warmup_steps:
+        return rate * (step + 1) / options.warmup_steps
+    if options.schedule == "step":
+        return rate * 0.1 ** sum(step >= math.ceil(m * steps) for m in options.milestones)
+    if options.schedule == "cosine":
+        span = max(steps - options.warmup_steps, 1)
+        return rate * 0.5 * (1 + math.cos(math.pi * (step - options.warmup_steps) / span))
+    return rate
+
+
+def _seeds(seed: int) -> dict[str, int]:
+    names = ("init", "order", "augment")
+    states = np.random.SeedSequence([seed, 5]).generate_state(len(names), dtype=np.uint64)
+    return {name: int(value) % 2**63 for name, value in zip(names, states, strict=True)}
+
+
+def trained_on(options: SupervisedOptions, name: str) -> str:
+    """How the output file names its training data, e.g. ``fashion-mnist (public slice,
+    10 % of the training set)``."""
+    if not options.public_fraction:
+        return f"{name} (training set)"
+    return f"{name} (public slice, {100 * options.public_fraction:g} % of the training set)"
+
+
+def pretrain_supervised(
+    options: SupervisedOptions,
+    out: str | Path,
+    *,
+    checkpoint: str | Path | None = None,
+    quiet: bool = False,
+) -> dict[str, Any]:
+    """Trains ``options.model`` on the public images and writes the file ``out``.
+
+    Returns a summary: the data trained on, steps, the final loss (mean of the last
+    steps), the accuracy on the dataset's test set, wall time.
+
+    Privacy: reads the public rows only (see the module docstring); records no privacy
+    cost, and the file says which data it was trained on.
+    """
+    start = time.perf_counter()
+    dataset = load_dataset(options.dataset, options.data_dir)
+    labels = np.asarray(dataset.train_labels)
+    rows = np.arange(len(labels))
+    if options.public_fraction:
+        rows = public_split(len(labels), options.public_fraction)[1]
+    if options.batch_size > len(rows):
+        raise DPVisionError(
+            f"pretrain.batch_size {options.batch_size} exceeds the {len(rows)} public images"
+        )
+    images = dataset.train_images
+    inputs = lazy_pixel_inputs(images[rows], dataset.name, options.normalization)
+    targets = torch.as_tensor(labels[rows], dtype=torch.long)
+    per_epoch = math.ceil(len(rows) / options.batch_size)
+    steps = options.steps or math.ceil((options.epochs or 0) * per_epoch)
+    shape = tuple(int(v) for v in inputs.shape[1:])
+    seeds = _seeds(options.seed)
+    torch.manual_seed(seeds["init"])
+    model = build_network(options.model, shape, dataset.num_classes, groups=options.groups)
+    optimizer = torch.optim.SGD(
+        model.parameters(),
+        lr=options.learning_rate,
+        momentum=options.momentum,
+        nesterov=options.nesterov,
+        weight_decay=options.weight_decay,
+    )
+    session = _Session(
+        options.settings(),
+        model,
+        optimizer,
+        order=np.random.default_rng(seeds["order"]),
+        augment=torch.Generator().manual_seed(seeds["augment"]),
+    )
+    if checkpoint is not None and Path(checkpoint).exists():
+        session.resume(Path(checkpoint))
+        say(f"resumed pre-training from {checkpoint} at step {session.step}", quiet)
+    say(
+        f"supervised pre-training of {options.model} "
+        f"({sum(p.numel() for p in model.parameters())} parameters) on "
+        f"{trained_on(options, dataset.name)}: {len(rows)} images, {steps} steps of "
+        f"{options.batch_size} (public data: no privacy cost)",
+        quiet,
+    )
+    model.train()
+    last_report, window = time.perf_counter(), []
+    while session.step < steps:
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate_at(options, session.step, steps)
+        index = torch.as_tensor(session.next_batch(len(rows), options.batch_size))
+        x = inputs[index]
+        if options.crop_padding or options.flip:
+            x = augment_views(
+                x,
+                1,
+                session.augment,
+                padding=options.crop_padding,
+                flip=options.flip,
+                mode=options.padding_mode,
+            )[:, 0]
+        loss = functional.cross_entropy(
+            model(x), targets[index], label_smoothing=options.label_smoothing
+        )
+        if not torch.isfinite(loss):
+            raise DPVisionError(
+                f"pre-training diverged at step {session.step} (loss {float(loss)}); lower "
+                "pretrain.learning_rate"
+            )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        session.step += 1
+        window.append(float(loss.detach()))
+        if session.step % 50 == 0 or session.step == steps:
+            session.losses.append({"step": session.step, "loss": float(np.mean(window))})
+            window = []
+        if time.perf_counter() - last_report > 30 and session.losses:
+            say(
+                f"pre-training {progress(session.step, steps, time.perf_counter() - start)}: "
+                f"loss {session.losses[-1]['loss']:.4f}",
+                quiet,
+            )
+            last_report = time.perf_counter()
+        every = options.checkpoint_every
+        if (
+            checkpoint is not None
+            and every
+            and (session.step % every == 0 or session.step == steps)
+        ):
+            session.save(Path(checkpoint))
+    model.eval()
+    test_accuracy = _accuracy(model, dataset, options.normalization)
+    mean, std = (
+        DATASET_STATISTICS[dataset.name]
+        if options.normalization == "dataset"
+        else ((0.0,) * shape[0], (1.0,) * shape[0])
+    )
+    metadata = {
+        "objective": "supervised",
+        "trained_on": trained_on(options, dataset.name),
+        "dataset": dataset.name,
+        "public_fraction": options.public_fraction,
+        "n_images": len(rows),
+        "num_classes": int(dataset.num_classes),
+        "normalization": options.normalization,
+        "private_data": False,
+        "options": dataclasses.asdict(options),
+        "steps": steps,
+        "final_loss": session.losses[-1]["loss"] if session.losses else None,
+        "test_accuracy": test_accuracy,
+        "wall_seconds": time.perf_counter() - start,
+    }
+    info = EncoderInfo(
+        options.model,
+        shape,
+        options.groups,
+        tuple(mean),
+        tuple(std),
+        metadata,  # type: ignore[arg-type]
+    )
+    save_encoder(out, model, info)
+    return {"encoder": str(out), **metadata}
+
+
+@torch.no_grad()
+def _accuracy(model: torch.nn.Module, dataset: Any, normalization: str) -> float:
+    """Accuracy on the dataset's test set (a held-out statistic, as any test accuracy)."""
+    inputs = lazy_pixel_inputs(dataset.test_images, dataset.name, normalization)
+    labels = torch.as_tensor(np.asarray(dataset.test_labels), dtype=torch.long)
+    correct = 0
+    for begin in range(0, len(labels), 1024):
+        index = torch.arange(begin, min(begin + 1024, len(labels)))
+        correct += int((model(inputs[index]).argmax(1) == labels[index]).sum())
+    return correct / max(len(labels), 1)
+
+
+@dataclasses.dataclass
+class _Session:
+    """The state a checkpoint of supervised pre-training holds."""
+
+    settings: dict[str, Any]
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    order: np.random.Generator
+    augment: torch.Generator
+    step: int = 0
+    position: int = 0
+    permutation: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
+    losses: list[dict[str, float]] = dataclasses.field(default_factory=list)
+
+    def next_batch(self, n: int, size: int) -> np.ndarray:
+        """The next ``size`` rows of a fresh permutation per epoch (the last partial batch
+        of an epoch is dropped)."""
+        if self.position + size > len(self.permutation):
+            self.permutation = self.order.permutation(n)
+            self.position = 0
+        rows = self.permutation[self.position : self.position + size]
+        self.position += size
+        return np.sort(rows)
+
+    @property
+    def fingerprint(self) -> str:
+        return hashlib.sha256(json.dumps(self.settings, sort_keys=True).encode()).hexdigest()[:16]
+
+    def save(self, path: Path) -> None:
+        payload = {
+            "format": SUPERVISED_CHECKPOINT_FORMAT,
+            "fingerprint": self.fingerprint,
+            "options": self.settings,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "order": json.dumps(self.order.bit_generator.state),
+            "augment": self.augment.get_state(),
+            "permutation": torch.from_numpy(self.permutation.copy()),
+            "position": self.position,
+            "step": self.step,
+            "losses": list(self.losses),
+        }
+        with atomic_open(path, "wb") as out:
+            torch.save(payload, out)
+
+    def resume(self, path: Path) -> None:
+        """Restores a checkpoint; refuses one of other options (and leaves it alone)."""
+        try:
+            payload = load_torch(path)
+        except Exception as error:
+            raise DPVisionError(
+                f"cannot read checkpoint {path} ({type(error).__name__}); it was left untouched"
+            ) from None
+        if not isinstance(payload, dict) or payload.get("format") != SUPERVISED_CHECKPOINT_FORMAT:
+            raise DPVisionError(
+                f"{path} is not a supervised pre-training checkpoint; it was left untouched"
+            )
+        if payload["fingerprint"] != self.fingerprint:
+            theirs = payload.get("options")
+            differ = differing_keys(self.settings, theirs) if isinstance(theirs, dict) else []
+            raise DPVisionError(
+                f"checkpoint {path} was written with other options (differs in: "
+                f"{', '.join(differ) or 'unknown'}); the file is left untouched"
+            )
+        self.model.load_state_dict(payload["model"])
+        self.optimizer.load_state_dict(payload["optimizer"])
+        self.order.bit_generator.state = json.loads(payload["order"])
+        self.augment.set_state(payload["augment"])
+        self.permutation = payload["permutation"].numpy()
+        self.position = int(payload["position"])
+        self.step = int(payload["step"])
+        self.losses = list(payload["losses"])

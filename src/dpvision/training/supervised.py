@@ -55,6 +55,8 @@ class SupervisedOptions:
     Attributes:
       dataset: the public dataset (a dpvision dataset name or path spec).
       data_dir: where its files are (``None``: the standard lookup).
+      num_classes, image_channels: for path datasets (``npz:``, ``imagefolder:``, …), as
+        in ``dpvision train``.
       public_fraction: 0: the whole training set is public; f in (0, 1): only the fixed
         public slice of it (:mod:`dpvision.data.public`), the rest left to a private run.
       model: a model spec (:mod:`dpvision.models.sources`).
@@ -74,6 +76,8 @@ class SupervisedOptions:
 
     dataset: str = ""
     data_dir: str | None = None
+    num_classes: int | None = None
+    image_channels: int | None = None
     public_fraction: float = 0.0
     model: str = "tanh-cnn"
     groups: int = 16
@@ -250,7 +254,12 @@ def pretrain_supervised(
     cost, and the file says which data it was trained on.
     """
     start = time.perf_counter()
-    dataset = load_dataset(options.dataset, options.data_dir)
+    dataset = load_dataset(
+        options.dataset,
+        options.data_dir,
+        num_classes=options.num_classes,
+        channels=options.image_channels,
+    )
     labels = np.asarray(dataset.train_labels)
     rows = np.arange(len(labels))
     if options.public_fraction:

@@ -28,6 +28,11 @@ JUSTIFIED = {
     "n_test": "test data, not private training data",
     "num_features": "public: the feature extractor's output width, fixed by the config",
     "num_parameters": "public: the model architecture, fixed by the config",
+    "num_trained_parameters": "public: the architecture and learner.finetune",
+    "finetune": PUBLIC,
+    "batchnorm": PUBLIC,
+    "init": "public: the weight file's path, digest, what it says of its training data, and "
+    "whether the head fit (shapes only)",
     "epsilon": "accounting of the ledger (noise multipliers, rates, counts)",
     "epsilon_zcdp": "accounting of the ledger",
     "delta": PUBLIC,
@@ -93,10 +98,27 @@ def test_every_dp_randp_result_field_is_justified(tmp_path, encoder):
         ["--method", "dp-fc", "--set", "learner.epochs=2"],
         ["--method", "dp-sgd-linear", "--set", "learner.epochs=2"],
         ["--method", "dp-sgd", "--set", "learner.model='mlp-8'", "--set", "learner.steps=2"],
+        [
+            "--method",
+            "dp-sgd",
+            "--set",
+            "learner.model='mlp-8'",
+            "--set",
+            "learner.steps=2",
+            "--set",
+            "learner.init='INIT'",
+            "--set",
+            "learner.finetune='head'",
+        ],
     ],
     ids=lambda a: a[1],
 )
 def test_every_result_field_is_released_public_or_about_test_data(tmp_path, args):
+    if "learner.init='INIT'" in args:  # weights of another model: public
+        from dpvision.models.registry import build_network
+
+        torch.save(build_network("mlp-8", (1, 8, 8), 10).state_dict(), tmp_path / "w.pt")
+        args = [a.replace("INIT", str(tmp_path / "w.pt")) for a in args]
     result = _train(tmp_path, *args)
     unexplained = sorted(set(result) - set(JUSTIFIED))
     assert not unexplained, f"fields without a justification: {unexplained}"

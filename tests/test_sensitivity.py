@@ -431,3 +431,41 @@ def test_the_checker_catches_releases_that_depend_on_the_data_count():
     assert not report.ok
 
     assert report.problems
+
+
+def _pretrained_cnn() -> nn.Module:
+    """A small CNN with BatchNorm whose statistics are not the identity (as pre-trained)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(2, 4, 3),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.Conv2d(4, 4, 3, bias=False),
+        nn.GroupNorm(2, 4),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(4, 3),
+    )
+    with torch.no_grad():
+        model(torch.randn(16, 2, 8, 8) * 3 + 1)
+    return model
+
+
+@pytest.mark.parametrize("mode", ["all", "head", "norms+head", "bias+head"])
+def test_each_fine_tuning_mode_with_frozen_batchnorm_moves_at_most_c(mode):
+    from dpvision.models import freeze_batchnorm
+    from dpvision.models.finetune import apply_finetune
+
+    model = freeze_batchnorm(_pretrained_cnn()).double()
+    trained = apply_finetune(model, mode)
+    rng = np.random.default_rng(3)
+    data = _data(rng, 8, (2, 8, 8), 3)
+    for label, run in [
+        ("engine", dpsgd_release(model, max_grad_norm=C)),
+        ("privacy engine", privacy_engine_release(model, _one_pass, max_grad_norm=C)),
+    ]:
+        report = check_sensitivity(run, data, neighbours=2, scale=SCALE, tolerance=1e-6)
+        assert report.refusal is None, report.refusal
+        assert report.ok, f"{mode} / {label}: {report.summary()}"
+        assert report.max_ratio > 0.99, f"{mode} / {label}: the bound is not reached"
+    assert [n for n, p in model.named_parameters() if p.requires_grad] == trained

@@ -239,3 +239,22 @@ def test_cli_contract(files, tmp_path, capsys):
     code = main(["pretrain", "--objective", "supervised", "--synthetic", "spectral", "--out", "x"])
     assert code == 2
     assert "--synthetic is for --objective contrastive" in capsys.readouterr().err
+
+
+def test_backbone_features_of_the_pretrained_file_feed_dp_ls(files):
+    spec = f"backbone:model=mlp-16,weights={files['encoder']}"
+    config = resolve(
+        overrides={
+            "dataset": f"npz:{files['data']}",
+            "num_classes": 3,
+            "method": "dp-ls",
+            "features": spec,
+            "epsilon": 1.0,
+            "public_fraction": 0.2,
+        },
+    )
+    result = run_training(config, quiet=True)
+    assert result["n_train"] == 240 and result["epsilon"] <= 1.0
+    assert result["num_features"] == 16
+    with pytest.raises(DPVisionError, match="public_fraction = 0.2"):
+        run_training(resolve(overrides={**config.to_dict(), "public_fraction": 0.0}), quiet=True)

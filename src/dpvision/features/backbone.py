@@ -59,6 +59,8 @@ __all__ = [
     "block_names",
     "encoder_digest",
     "encoder_dim",
+    "feature_source",
+    "load_backbone",
 ]
 
 EMBEDDING = "embedding"
@@ -152,16 +154,29 @@ class EncoderFeatures:
         private data.
     """
 
-    def __init__(self, spec: FeatureSpec, *, device: str | torch.device | None = None) -> None:
+    def __init__(
+        self,
+        spec: FeatureSpec,
+        *,
+        device: str | torch.device | None = None,
+        image_shape: tuple[int, ...] | None = None,
+    ) -> None:
         # local import: start-up time
         from dpvision.models.encoder import load_encoder
 
-        if spec.name != "encoder" or spec.path is None:
+        if spec.name == "backbone":
+            if image_shape is None:
+                raise DPVisionError("backbone features need the images' shape (H, W, C)")
+            body, info = load_backbone(spec, image_shape)
+            self.path = str(spec.weights or spec.model)
+        elif spec.name == "encoder" and spec.path is not None:
+            body, info = load_encoder(spec.path)
+            self.path = spec.path
+        else:
             raise DPVisionError(f"EncoderFeatures needs an encoder spec, got {spec.name!r}")
-        body, info = load_encoder(spec.path)
-        self.path = spec.path
         self.info: EncoderInfo = info
         self.grid = spec.grid
+        self.tokens = spec.tokens
         self.layers = self._resolve(body, spec.layers)
         self.body = body.to(device or "cpu").eval()
         self._outputs: dict[str, list[torch.Tensor]] = {}
@@ -190,6 +205,8 @@ class EncoderFeatures:
 
         if output.ndim == 4:
             output = functional.adaptive_avg_pool2d(output, self.grid)
+        elif output.ndim == 3:  # (N, T, D) tokens of a transformer
+            output = output[:, 0] if self.tokens == "first" else output.mean(dim=1)
         return output.reshape(len(output), -1)
 
     def _hook(self, name: str) -> Any:
@@ -242,6 +259,55 @@ class EncoderFeatures:
         return torch.cat(pieces, dim=1)
 
 
+def load_backbone(spec: FeatureSpec, image_shape: tuple[int, ...]) -> tuple[nn.Module, EncoderInfo]:
+    """The body of ``spec.model`` (head replaced by the identity, evaluation mode) for images
+    of ``image_shape`` (H, W, C), with ``spec.weights`` loaded, and its info.
+
+    Inputs are normalised with the weights file's statistics when it is a dpvision
+    encoder, else with the model's own (timm's ``pretrained_cfg`` mean and std), else not
+    at all; all are public constants. ``info.metadata`` is what the weights file records of
+    its training data (checked by the run: see
+    :func:`dpvision.models.weights.check_trained_on`).
+    """
+    # local import: start-up time
+    from torch import nn as torch_nn
+
+    from dpvision.models.encoder import EncoderInfo, read_encoder
+    from dpvision.models.heads import replace_head
+    from dpvision.models.registry import build_network
+    from dpvision.models.weights import load_weights
+
+    height, width, channels = (int(size) for size in image_shape)
+    shape = (channels, height, width)
+    model = build_network(str(spec.model), shape, 2, groups=16)
+    record: dict[str, Any] = {}
+    mean, std = _model_statistics(model, channels)
+    if spec.weights is not None:
+        record = dict(load_weights(model, spec.weights).record)
+        if record.get("objective") is not None or record.get("trained_on", "").startswith(
+            "synthetic:"
+        ):
+            info, _ = read_encoder(spec.weights)
+            mean, std = tuple(info.mean), tuple(info.std)
+    body = replace_head(model, torch_nn.Identity()).eval()
+    return body, EncoderInfo(str(spec.model), shape, 16, mean, std, record)
+
+
+def _model_statistics(model: nn.Module, channels: int) -> tuple[tuple[float, ...], ...]:
+    """timm's per-channel input mean and std for ``model`` when it has them (and they fit
+    the channels), else the identity."""
+    config = getattr(model, "pretrained_cfg", None) or {}
+    mean, std = config.get("mean"), config.get("std")
+    if mean is not None and std is not None and len(mean) == len(std) == channels:
+        return tuple(float(v) for v in mean), tuple(float(v) for v in std)
+    return (0.0,) * channels, (1.0,) * channels
+
+
+def feature_source(spec: FeatureSpec) -> str | None:
+    """The file an ``encoder`` or ``backbone`` spec reads (its bytes key the cache)."""
+    return spec.path if spec.name == "encoder" else spec.weights
+
+
 def encoder_dim(image_shape: tuple[int, ...], spec: FeatureSpec) -> int:
     """The length of one image's encoder feature vector (before any projection).
 
@@ -254,7 +320,7 @@ def encoder_dim(image_shape: tuple[int, ...], spec: FeatureSpec) -> int:
     Raises:
         DPVisionError: As :class:`EncoderFeatures`, or the image shape is not the encoder's.
     """
-    path = Path(str(spec.path))
+    path = Path(str(feature_source(spec)))
     try:
         stat = path.stat()
         stamp = (str(path.resolve()), stat.st_ino, stat.st_mtime_ns, stat.st_size)
@@ -276,6 +342,6 @@ def _encoder_dim(
     # local import: start-up time
     import torch
 
-    encoder = EncoderFeatures(spec)
+    encoder = EncoderFeatures(spec, image_shape=image_shape)
     encoder.check_image_shape(image_shape)
     return int(encoder(torch.zeros(1, *encoder.info.input_shape)).shape[1])

@@ -46,9 +46,9 @@ import numpy as np
 
 from dpvision.data.core import ImageDataset
 from dpvision.features import extractors
-from dpvision.features.backbone import encoder_digest
+from dpvision.features.backbone import encoder_digest, feature_source
 from dpvision.features.extractors import FEATURE_VERSION, feature_shape
-from dpvision.features.spec import ENCODER_ONLY, FeatureSpec
+from dpvision.features.spec import ENCODER_ONLY, NETWORK_FEATURES, FeatureSpec
 
 __all__ = [
     "ENV_CACHE",
@@ -116,8 +116,11 @@ def cache_key(dataset: ImageDataset, spec: FeatureSpec) -> dict[str, Any]:
         DPVisionError: An ``encoder`` spec's file does not exist.
     """
     fields = spec.to_dict()
-    if spec.name != "encoder":  # the keys of pixels and ScatterNet entries stay as they were
+    if spec.name not in NETWORK_FEATURES:  # the keys of older entries stay as they were
         for name in ENCODER_ONLY:
+            del fields[name]
+    elif spec.name == "encoder" and spec.tokens == "mean":
+        for name in ("model", "weights", "tokens"):
             del fields[name]
     key = {
         "feature_version": FEATURE_VERSION,
@@ -126,8 +129,9 @@ def cache_key(dataset: ImageDataset, spec: FeatureSpec) -> dict[str, Any]:
         "spec": fields,
         "kymatio": _kymatio_version() if spec.name == "scatternet" else None,
     }
-    if spec.name == "encoder":
-        key["encoder_sha256"] = encoder_digest(str(spec.path))
+    source = feature_source(spec) if spec.name in NETWORK_FEATURES else None
+    if source is not None:
+        key["encoder_sha256"] = encoder_digest(source)
     return key
 
 

@@ -34,7 +34,7 @@ from dpvision.features.reductions import (
     rescale_to_norm,
 )
 from dpvision.features.scatternet import scatter
-from dpvision.features.spec import FeatureSpec
+from dpvision.features.spec import NETWORK_FEATURES, FeatureSpec
 
 if TYPE_CHECKING:
     import torch
@@ -73,7 +73,7 @@ def feature_shape(image_shape: tuple[int, ...], spec: FeatureSpec) -> tuple[int,
     height, width, channels = (int(size) for size in image_shape)
     if spec.name == "pixels":
         maps = (channels, height, width)
-    elif spec.name == "encoder":
+    elif spec.name in NETWORK_FEATURES:
         maps = (encoder_dim((height, width, channels), spec), 1, 1)
     else:
         # local import: start-up time
@@ -181,8 +181,9 @@ def _extract(
         )
     target = torch.device(device or "cpu")
     encoder = None
-    if spec.name == "encoder":
-        encoder = EncoderFeatures(spec, device=target)
+    if spec.name in NETWORK_FEATURES:
+        shape = tuple(int(v) for v in images.shape[1:])
+        encoder = EncoderFeatures(spec, device=target, image_shape=shape)
     projection: torch.Tensor | None = None
     if spec.projection_dim is not None:
         flat = feature_shape(images.shape[1:], dataclasses.replace(spec, projection_dim=None))
@@ -244,6 +245,6 @@ def encoder_features(
     Privacy:
         Free for an encoder trained without the private data (see the module docstring).
     """
-    if spec.name != "encoder":
+    if spec.name not in NETWORK_FEATURES:
         raise DPVisionError(f"encoder_features needs an encoder spec, got {spec.name!r}")
     return extract_features(images, spec, batch_size=batch_size, progress=progress, device=device)

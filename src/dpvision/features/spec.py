@@ -27,13 +27,18 @@ from dpvision.errors import DPVisionError
 
 __all__ = ["FEATURE_NAMES", "FeatureSpec", "format_feature_spec", "parse_feature_spec"]
 
-FEATURE_NAMES: tuple[str, ...] = ("pixels", "scatternet", "encoder", "precomputed")
+FEATURE_NAMES: tuple[str, ...] = ("pixels", "scatternet", "encoder", "backbone", "precomputed")
 """The extractors that :class:`FeatureSpec` can name (``precomputed``: vectors read from
 files, :mod:`dpvision.features.precomputed`)."""
 
+NETWORK_FEATURES = ("encoder", "backbone")
+"""The extractors that run a network (:mod:`dpvision.features.backbone`)."""
+
 _SCATTERNET_ONLY = ("scales", "angles", "max_order")
-ENCODER_ONLY = ("path", "layers", "grid", "norm")
-"""The fields that apply to ``encoder`` features only (see :mod:`dpvision.features.backbone`)."""
+ENCODER_ONLY = ("path", "layers", "grid", "norm", "model", "weights", "tokens")
+"""The fields that apply to ``encoder`` and ``backbone`` features only (see
+:mod:`dpvision.features.backbone`)."""
+TOKEN_POOLS = ("mean", "first")
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,13 @@ class FeatureSpec:
             block of the body, DP-RandP App. G) or module names joined by ``+``.
         grid: Encoder only: each layer's 4-d output is average-pooled to ``grid × grid``.
         norm: Encoder only: rescale each example's vector to this L2 norm (``None``: keep).
+        model: Backbone only (required): a model spec (``timm:NAME``, ``torchvision:NAME``,
+            ``python:…``, a dpvision name; :mod:`dpvision.models.sources`); its head is
+            replaced by the identity.
+        weights: Backbone only: the weights (:mod:`dpvision.models.weights`); unset: the
+            initialisation (random features).
+        tokens: Encoder and backbone: how a 3-d output ``(N, T, D)`` of a transformer
+            layer becomes a vector: ``mean`` over the tokens or the ``first`` (class) token.
     """
 
     name: str
@@ -92,6 +104,9 @@ class FeatureSpec:
     layers: str = "embedding"
     grid: int = 1
     norm: float | None = None
+    model: str | None = None
+    weights: str | None = None
+    tokens: str = "mean"
 
     def __post_init__(self) -> None:
         """Validates the fields.
@@ -146,20 +161,39 @@ class FeatureSpec:
             )
 
     def _check_encoder_fields(self) -> None:
-        """Validates ``path``, ``layers``, ``grid`` and ``norm`` (one-line errors)."""
-        if self.name != "encoder":
-            defaults = _defaults()
+        """Validates ``path``/``model``/``weights``, ``layers``, ``grid``, ``norm`` and
+        ``tokens`` (one-line errors)."""
+        defaults = _defaults()
+        if self.name not in NETWORK_FEATURES:
             for key in ENCODER_ONLY:
                 if getattr(self, key) != defaults[key]:
                     raise DPVisionError(
-                        f"{key} applies to encoder features only; remove it from the "
-                        f"{self.name} spec"
+                        f"{key} applies to encoder and backbone features only; remove it from "
+                        f"the {self.name} spec"
                     )
             return
-        if not isinstance(self.path, str) or not self.path.strip():
+        if self.name == "encoder":
+            for key in ("model", "weights"):
+                if getattr(self, key) is not None:
+                    raise DPVisionError(
+                        f"{key} is for backbone features; an encoder file names its model"
+                    )
+            if not isinstance(self.path, str) or not self.path.strip():
+                raise DPVisionError(
+                    "encoder features need an encoder file: write encoder:path=ENCODER.pt "
+                    "(make one with `dpvision pretrain`)"
+                )
+        else:
+            if self.path is not None:
+                raise DPVisionError("backbone features take model= and weights=, not path=")
+            if not isinstance(self.model, str) or not self.model.strip():
+                raise DPVisionError(
+                    "backbone features need a model: write backbone:model=timm:NAME,"
+                    "weights=FILE (or torchvision:NAME, python:MODULE:CALLABLE, tanh-cnn, …)"
+                )
+        if self.tokens not in TOKEN_POOLS:
             raise DPVisionError(
-                "encoder features need an encoder file: write encoder:path=ENCODER.pt "
-                "(make one with `dpvision pretrain`)"
+                f"tokens must be one of {', '.join(TOKEN_POOLS)}, got {self.tokens!r}"
             )
         if not isinstance(self.layers, str) or not self.layers.strip():
             raise DPVisionError(
@@ -182,8 +216,8 @@ class FeatureSpec:
             object.__setattr__(self, "norm", float(self.norm))
         if self.pool != 1:
             raise DPVisionError(
-                "pool does not apply to encoder features; use grid=G (each layer's maps are "
-                "averaged to G × G)"
+                f"pool does not apply to {self.name} features; use grid=G (each layer's maps "
+                "are averaged to G × G) or tokens=mean|first"
             )
 
     def to_dict(self) -> dict[str, Any]:
@@ -224,6 +258,9 @@ def _field_types() -> dict[str, str]:
         "layers": "str",
         "grid": "int",
         "norm": "float?",
+        "model": "str?",
+        "weights": "str?",
+        "tokens": "str",
     }
 
 
@@ -256,7 +293,9 @@ def parse_feature_spec(text: str) -> FeatureSpec:
 
     Examples: ``"scatternet"``, ``"pixels"``, ``"scatternet:pool=2"``,
     ``"pixels:projection_dim=256,projection_seed=1"``, ``"scatternet:flatten=false"``,
-    ``"encoder:path=/tmp/enc.pt,layers=blocks,grid=2,norm=50"``.
+    ``"encoder:path=/tmp/enc.pt,layers=blocks,grid=2,norm=50"``,
+    ``"backbone:model=timm:resnet18,weights=r18.safetensors,layer=layer3"`` (``layer`` is
+    ``layers``).
 
     Args:
         text: The spec, e.g. from ``--features``.
@@ -280,7 +319,7 @@ def parse_feature_spec(text: str) -> FeatureSpec:
     values: dict[str, Any] = {}
     for item in options.split(",") if options.strip() else []:
         key, sep, value = item.partition("=")
-        key = key.strip()
+        key = {"layer": "layers"}.get(key.strip(), key.strip())
         if not sep or key not in types:
             raise DPVisionError(
                 f"bad feature option {item.strip()!r} in {text!r}; write key=value with key one "

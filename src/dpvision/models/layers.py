@@ -176,6 +176,9 @@ class FrozenBatchNorm(nn.Module):
         with torch.no_grad():
             frozen.running_mean.copy_(norm.running_mean)
             frozen.running_var.copy_(norm.running_var)
+            tracked = norm.num_batches_tracked
+            if isinstance(tracked, torch.Tensor):
+                frozen.get_buffer("num_batches_tracked").copy_(tracked)
             if norm.affine:
                 frozen.weight.copy_(norm.weight)
                 frozen.bias.copy_(norm.bias)

@@ -34,7 +34,7 @@ from dpvision.fileio import load_torch
 from dpvision.models.encoder import ENCODER_FORMAT
 from dpvision.models.heads import head_name
 
-__all__ = ["LoadReport", "load_weights", "read_weights"]
+__all__ = ["LoadReport", "check_trained_on", "load_weights", "read_weights"]
 
 _NESTED = ("state_dict", "model_state_dict", "model", "module", "network")
 _TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".tar")
@@ -222,3 +222,41 @@ def _looks_like_head(key: str, state: dict[str, torch.Tensor]) -> bool:
         return False
     owner = matrices[-1].rpartition(".")[0]
     return key.rpartition(".")[0] == owner
+
+
+def check_trained_on(
+    record: dict[str, Any],
+    dataset: str,
+    public_fraction: float,
+    *,
+    what: str,
+    allow: bool = False,
+    override: str | None = None,
+) -> None:
+    """Refuses weights whose file says they were trained on ``dataset``, the dataset a run
+    protects: that training's privacy cost would be outside the run's ledger.
+
+    Weights pre-trained on the run's own public slice (the same ``public_fraction``, see
+    :mod:`dpvision.data.public`) pass; ``allow`` (the user's explicit ``override``, when
+    the caller offers one) lets any pass.
+
+    Raises:
+      DPVisionError: one line saying why and how to proceed.
+    """
+    if record.get("dataset") != dataset or allow:
+        return
+    fraction = record.get("public_fraction")
+    if fraction and fraction == public_fraction:
+        return
+    if fraction:
+        raise DPVisionError(
+            f"{what} was trained on the public slice of {dataset} (public_fraction = "
+            f"{fraction:g}) and this run's public_fraction is {public_fraction:g}: set "
+            f"public_fraction = {fraction:g} so that the private rows are the others"
+            + (f" (or {override})" if override else "")
+        )
+    raise DPVisionError(
+        f"{what} was trained on {dataset}, the dataset this run protects; that training's "
+        "privacy cost is not in this run's ledger ("
+        + (f"set {override} to use it anyway)" if override else "pre-train on public data)")
+    )

@@ -42,7 +42,7 @@ from dpvision.mechanisms import PoissonSampler
 from dpvision.models.encoder import load_into
 from dpvision.models.finetune import apply_finetune
 from dpvision.models.registry import build_network, is_external, prepare_for_dp
-from dpvision.models.weights import load_weights
+from dpvision.models.weights import check_trained_on, load_weights
 from dpvision.runs.saved import TrainedModel, privacy_of
 from dpvision.runs.transfer import transfer_plan
 from dpvision.training.batching import micro_batches
@@ -402,7 +402,14 @@ def initial_model(
         )
     elif options.init is not None:
         report = load_weights(model, options.init)
-        check_init_data(report.record, data.name, config.public_fraction, options)
+        check_trained_on(
+            report.record,
+            data.name,
+            config.public_fraction,
+            what=f"learner.init {options.init}",
+            allow=options.init_allow_same_dataset,
+            override="learner.init_allow_same_dataset = true",
+        )
         say(report.message(), quiet)
         info["init"] = {
             "path": str(options.init),
@@ -418,30 +425,6 @@ def initial_model(
     if options.finetune != "all":
         say(f"fine-tuning {options.finetune}: {len(trained)} parameter tensors train", quiet)
     return model, info
-
-
-def check_init_data(
-    record: dict[str, Any], dataset: str, public_fraction: float, options: DPSGDOptions
-) -> None:
-    """Refuses weights trained on the private dataset itself (see :func:`initial_model`)."""
-    name = record.get("dataset")
-    if name != dataset or options.init_allow_same_dataset:
-        return
-    if record.get("public_fraction") and record.get("public_fraction") == public_fraction:
-        return  # pre-trained on the public slice this run leaves out
-    fraction = record.get("public_fraction")
-    if fraction:
-        raise DPVisionError(
-            f"learner.init {options.init} was trained on the public slice of {dataset} "
-            f"(public_fraction = {fraction:g}) and this run's public_fraction is "
-            f"{public_fraction:g}: set public_fraction = {fraction:g} so that the private rows "
-            "are the others (or learner.init_allow_same_dataset = true)"
-        )
-    raise DPVisionError(
-        f"learner.init {options.init} was trained on {dataset}, the dataset this run protects; "
-        "that training's privacy cost is not in this run's ledger (set "
-        "learner.init_allow_same_dataset = true to start from it anyway)"
-    )
 
 
 def format_metrics(entry: dict[str, Any]) -> str:

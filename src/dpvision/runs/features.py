@@ -15,11 +15,13 @@ from dpvision.data.public import training_rows
 from dpvision.distributed import current
 from dpvision.errors import DPVisionError
 from dpvision.features import feature_shape, load_or_extract, parse_feature_spec
-from dpvision.features.backbone import encoder_digest
+from dpvision.features.backbone import encoder_digest, feature_source
 from dpvision.features.precomputed import load_feature_files
 from dpvision.features.preprocessing import FittedPreprocessing, preprocess
+from dpvision.features.spec import NETWORK_FEATURES
 from dpvision.learners import LEARNERS
 from dpvision.log import say
+from dpvision.models.weights import check_trained_on, read_weights
 from dpvision.runs.saved import TrainedModel, privacy_of
 
 
@@ -52,6 +54,7 @@ def run_features(
     significant = {k: v for k, v in config.to_dict().items() if k != "data_dir"}
     workers.check_agree(significant, "the configuration")
     spec = parse_feature_spec(config.features)
+    source = None
     if spec.name == "precomputed":
         assert spec.path is not None  # checked by FeatureSpec
         say(f"reading precomputed features of {config.dataset} from {spec.path}", quiet)
@@ -61,6 +64,14 @@ def run_features(
     else:
         say(f"loading dataset {config.dataset}", quiet)
         dataset = config.load_dataset()
+        source = feature_source(spec) if spec.name in NETWORK_FEATURES else None
+        if source is not None:  # weights trained on these very images are not free
+            check_trained_on(
+                read_weights(source)[1],
+                dataset.name,
+                config.public_fraction,
+                what=f"the {spec.name} weights {source}",
+            )
         say(
             f"features {config.features} for {dataset.num_train} + {dataset.num_test} images",
             quiet,
@@ -130,7 +141,7 @@ def run_features(
         config=config.to_dict(),
         coef=learner.coef_,
         intercept=learner.intercept_,
-        encoder_sha256=encoder_digest(str(spec.path)) if spec.name == "encoder" else None,
+        encoder_sha256=encoder_digest(source) if source is not None else None,
         class_names=getattr(dataset, "class_names", None),
     )
     return result, model

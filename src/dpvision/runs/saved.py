@@ -35,6 +35,7 @@ from torch import nn
 
 from dpvision.errors import DPVisionError
 from dpvision.features import encoder_digest, extract_features, parse_feature_spec
+from dpvision.features.backbone import feature_source
 from dpvision.features.preprocessing import FittedPreprocessing, PreprocessingConfig
 from dpvision.fileio import atomic_open
 from dpvision.models.registry import build_model
@@ -269,7 +270,7 @@ def _from_document(document: dict[str, Any], tensors: dict[str, torch.Tensor]) -
         network.eval()
     spec = document["features"]
     if document["encoder_sha256"] is not None:
-        path = parse_feature_spec(spec).path
+        path = feature_source(parse_feature_spec(spec))
         if (
             path is None
             or not Path(path).is_file()

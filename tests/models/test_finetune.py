@@ -51,7 +51,7 @@ def test_apply_freezes_the_rest(mode):
 
 
 def test_unknown_mode_and_nothing_to_train():
-    with pytest.raises(DPVisionError, match="unknown learner.finetune 'lora'"):
+    with pytest.raises(DPVisionError, match=r"unknown learner\.finetune 'lora'"):
         trainable_names(_net(), "lora")
     with pytest.raises(DPVisionError, match="no linear head"):
         apply_finetune(nn.Sequential(nn.Conv2d(1, 2, 3)), "head")

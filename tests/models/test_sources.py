@@ -88,7 +88,7 @@ def test_python_factory_errors_are_one_line(spec, message):
 
 def test_python_factory_that_returns_no_module(tmp_path):
     path = _factory_file(tmp_path)
-    with pytest.raises(DPVisionError, match="not an nn.Module"):
+    with pytest.raises(DPVisionError, match=r"not an nn\.Module"):
         build_network(f"python:{path}:not_a_module", (1, 8, 8), 3)
 
 

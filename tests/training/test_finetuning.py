@@ -149,7 +149,7 @@ def test_fine_tuning_ledger_equals_from_scratch_and_frozen_weights_stay(files, t
 
 
 def test_weights_trained_on_the_private_rows_are_refused(files):
-    with pytest.raises(DPVisionError, match="public_fraction = 0.2") as error:
+    with pytest.raises(DPVisionError, match=r"public_fraction = 0\.2") as error:
         run_training(_config(files, f"learner.init={files['encoder']}", public=0.0), quiet=True)
     assert "\n" not in str(error.value)
     result = run_training(
@@ -235,7 +235,8 @@ def test_cli_contract(files, tmp_path, capsys):
         )
         assert code == 0
         result = json.loads((tmp_path / f"{mode}.json").read_text())
-        assert result["finetune"] == mode and result["epsilon"] <= 1
+        assert result["finetune"] == mode
+        assert result["epsilon"] <= 1
     code = main(["pretrain", "--objective", "supervised", "--synthetic", "spectral", "--out", "x"])
     assert code == 2
     assert "--synthetic is for --objective contrastive" in capsys.readouterr().err
@@ -254,7 +255,8 @@ def test_backbone_features_of_the_pretrained_file_feed_dp_ls(files):
         },
     )
     result = run_training(config, quiet=True)
-    assert result["n_train"] == 240 and result["epsilon"] <= 1.0
+    assert result["n_train"] == 240
+    assert result["epsilon"] <= 1.0
     assert result["num_features"] == 16
-    with pytest.raises(DPVisionError, match="public_fraction = 0.2"):
+    with pytest.raises(DPVisionError, match=r"public_fraction = 0\.2"):
         run_training(resolve(overrides={**config.to_dict(), "public_fraction": 0.0}), quiet=True)

@@ -20,11 +20,12 @@ from dpvision.config import resolve
 from dpvision.runs.train import run_training
 from dpvision.training.pretrain import PretrainOptions, pretrain
 
-# Seed 000's configs (precomputed ViT features) have their own tests: test_configs_seed000.py.
+# Seed 000's configs (precomputed ViT features) have their own tests: test_configs_seed000.py;
+# so have seed 003's fine-tuning configs (they need a checkpoint): test_configs_finetune.py.
 _IMAGE_CONFIGS = sorted(
     path
     for path in (Path(__file__).parent.parent / "configs").rglob("*.toml")
-    if "seed000" not in path.parts
+    if "seed000" not in path.parts and "finetune" not in path.parts
 )
 _NOT_SEED002 = [path for path in _IMAGE_CONFIGS if path.parent.name != "seed002"]
 # The DP-SGD configs (seeds 003 and 004); DP-RandP's (seed 002) are further down.

@@ -11,6 +11,7 @@ only tensors, the plain containers (dict, list, tuple), numbers, strings and Non
 accepted, and anything else (a pickled function, class or ``os.system`` call) is an error.
 """
 
+import hashlib
 import json
 import os
 import tempfile
@@ -99,3 +100,51 @@ def _json_default(value: Any) -> Any:
     if isinstance(value, np.generic):
         return value.item()
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def settings_fingerprint(settings: dict[str, Any]) -> str:
+    """A short hash of a run's settings (JSON with sorted keys)."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def save_session(path: Path, kind: str, settings: dict[str, Any], state: dict[str, Any]) -> None:
+    """Writes a resumable run's ``state`` atomically, tagged with its ``kind`` (a format
+    name) and the fingerprint of its ``settings``."""
+    payload = {
+        "format": kind,
+        "fingerprint": settings_fingerprint(settings),
+        "options": settings,
+        **state,
+    }
+    with atomic_open(path, "wb") as out:
+        torch.save(payload, out)
+
+
+def load_session(path: Path, kind: str, settings: dict[str, Any], what: str) -> dict[str, Any]:
+    """The state :func:`save_session` wrote, read without running code; one-line errors
+    for an unreadable file, another kind of file, or other settings (the file is left
+    untouched in every case).
+
+    Args:
+      path: the checkpoint.
+      kind: the format name it must carry.
+      settings: this run's settings; the checkpoint's must be the same.
+      what: how the messages name the run (``"Phase I"``, ``"pre-training"``).
+    """
+    try:
+        payload = load_torch(path)
+    except Exception as error:
+        raise DPVisionError(
+            f"cannot read checkpoint {path} ({type(error).__name__}); it was left untouched"
+        ) from None
+    if not isinstance(payload, dict) or payload.get("format") != kind:
+        raise DPVisionError(f"{path} is not a dpvision {what} checkpoint; it was left untouched")
+    if payload["fingerprint"] != settings_fingerprint(settings):
+        theirs = payload.get("options")
+        differ = differing_keys(settings, theirs) if isinstance(theirs, dict) else []
+        raise DPVisionError(
+            f"checkpoint {path} was written with other {what} options (differs in: "
+            f"{', '.join(differ) or 'unknown'}); resume with the same options or give "
+            "another --checkpoint path (the file is left untouched)"
+        )
+    return payload

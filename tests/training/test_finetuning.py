@@ -115,7 +115,7 @@ def test_pretraining_resumes_to_the_same_weights(files, tmp_path, monkeypatch):
     )
     a, b = read_encoder(whole)[1], read_encoder(tmp_path / "resumed.pt")[1]
     assert all(torch.equal(a[k], b[k]) for k in a)
-    with pytest.raises(DPVisionError, match="other options"):
+    with pytest.raises(DPVisionError, match="other pre-training options"):
         pretrain_supervised(
             _options(files["data"], learning_rate=0.1), tmp_path / "y.pt", checkpoint=checkpoint
         )

@@ -271,7 +271,6 @@ def load_backbone(spec: FeatureSpec, image_shape: tuple[int, ...]) -> tuple[nn.M
     """
     # local import: start-up time
     from torch import nn as torch_nn
-
     from dpvision.models.encoder import EncoderInfo, read_encoder
     from dpvision.models.heads import replace_head
     from dpvision.models.registry import build_network

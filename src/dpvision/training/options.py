@@ -136,7 +136,7 @@ class DPSGDOptions:
                 raise DPVisionError(
                     f"unknown learner option {key!r} for dp-sgd; valid: {', '.join(sorted(fields))}"
                 )
-            values[key] = _coerce(key, value, _type_name(fields[key].type))
+            values[key] = coerce_option(key, value, _type_name(fields[key].type))
         if "steps" in values and values["steps"] is not None and "epochs" not in values:
             values["epochs"] = None
         performance = PerformanceOptions(
@@ -239,8 +239,10 @@ def _type_name(kind: Any) -> str:
     return kind.__name__ if isinstance(kind, type) else str(kind)
 
 
-def _coerce(name: str, value: Any, kind: str) -> Any:
-    where = f"learner.{name}"
+def coerce_option(name: str, value: Any, kind: str, table: str = "learner") -> Any:
+    """``value`` as the option ``table.name`` of type ``kind`` (``int``, ``float | None``,
+    …): one-line errors naming it."""
+    where = f"{table}.{name}"
     optional = "None" in kind
     if value is None and not optional:
         raise DPVisionError(f"{where} cannot be empty")

@@ -23,8 +23,6 @@ writes is public.
 """
 
 import dataclasses
-import hashlib
-import json
 import math
 import time
 from pathlib import Path
@@ -38,7 +36,7 @@ from dpvision.data.core import images_to_tensor
 from dpvision.data.synthetic import SYNTHETIC_KINDS, generate
 from dpvision.errors import DPVisionError
 from dpvision.features.progress import Progress
-from dpvision.fileio import atomic_open, differing_keys, load_torch
+from dpvision.fileio import load_session, save_session, settings_fingerprint
 from dpvision.log import progress, say
 from dpvision.models.encoder import EncoderInfo, build_body, save_encoder
 from dpvision.models.registry import parse_model
@@ -145,7 +143,7 @@ class PretrainOptions:
 
     def fingerprint(self) -> str:
         """A hash of :meth:`settings`."""
-        return hashlib.sha256(json.dumps(self.settings(), sort_keys=True).encode()).hexdigest()[:16]
+        return settings_fingerprint(self.settings())
 
 
 class ProjectionHead(nn.Module):
@@ -370,17 +368,9 @@ class _Session:
     step: int = 0
     losses: list[dict[str, float]] = dataclasses.field(default_factory=list)
 
-    @property
-    def fingerprint(self) -> str:
-        return hashlib.sha256(json.dumps(self.settings, sort_keys=True).encode()).hexdigest()[:16]
-
     def save(self, path: Path) -> None:
         """Writes the checkpoint atomically."""
-
-        payload = {
-            "format": PRETRAIN_CHECKPOINT_FORMAT,
-            "fingerprint": self.fingerprint,
-            "options": self.settings,
+        state = {
             "body": self.body.state_dict(),
             "projection": self.projection.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -389,29 +379,11 @@ class _Session:
             "step": self.step,
             "losses": list(self.losses),
         }
-        with atomic_open(path, "wb") as out:
-            torch.save(payload, out)
+        save_session(path, PRETRAIN_CHECKPOINT_FORMAT, self.settings, state)
 
     def resume(self, path: Path) -> None:
         """Restores a checkpoint; refuses one of other options (and leaves it alone)."""
-        try:
-            payload = load_torch(path)
-        except Exception as error:
-            raise DPVisionError(
-                f"cannot read checkpoint {path} ({type(error).__name__}); it was left untouched"
-            ) from None
-        if not isinstance(payload, dict) or payload.get("format") != PRETRAIN_CHECKPOINT_FORMAT:
-            raise DPVisionError(
-                f"{path} is not a dpvision Phase I checkpoint; it was left untouched"
-            )
-        if payload["fingerprint"] != self.fingerprint:
-            theirs = payload.get("options")
-            differ = differing_keys(self.settings, theirs) if isinstance(theirs, dict) else []
-            raise DPVisionError(
-                f"checkpoint {path} was written with other Phase I options (differs in: "
-                f"{', '.join(differ) or 'unknown'}); resume with the same options or give "
-                "another --checkpoint path (the file is left untouched)"
-            )
+        payload = load_session(path, PRETRAIN_CHECKPOINT_FORMAT, self.settings, "Phase I")
         self.body.load_state_dict(payload["body"])
         self.projection.load_state_dict(payload["projection"])
         self.optimizer.load_state_dict(payload["optimizer"])

@@ -22,7 +22,6 @@ it.
 """
 
 import dataclasses
-import hashlib
 import json
 import math
 import time
@@ -38,10 +37,11 @@ from dpvision.data.datasets import load_dataset
 from dpvision.data.inputs import DATASET_STATISTICS, lazy_pixel_inputs
 from dpvision.data.public import public_split
 from dpvision.errors import DPVisionError
-from dpvision.fileio import atomic_open, differing_keys, load_torch
+from dpvision.fileio import load_session, save_session
 from dpvision.log import progress, say
 from dpvision.models.encoder import EncoderInfo, save_encoder
 from dpvision.models.registry import build_network, check_model
+from dpvision.training.options import coerce_option
 
 SUPERVISED_CHECKPOINT_FORMAT = "dpvision-supervised-checkpoint-v1"
 SCHEDULES = ("constant", "step", "cosine")
@@ -178,32 +178,13 @@ class SupervisedOptions:
 
 
 def _coerce(name: str, value: Any, kind: str) -> Any:
-    where = f"pretrain.{name}"
-    if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
-        if "None" not in kind:
-            raise DPVisionError(f"{where} cannot be empty")
-        return None
     if kind.startswith("tuple"):
         if not isinstance(value, list | tuple) or not all(
             isinstance(v, int | float) and not isinstance(v, bool) for v in value
         ):
-            raise DPVisionError(f"{where} must be a list of numbers, got {value!r}")
+            raise DPVisionError(f"pretrain.{name} must be a list of numbers, got {value!r}")
         return tuple(float(v) for v in value)
-    if kind.startswith("bool"):
-        if not isinstance(value, bool):
-            raise DPVisionError(f"{where} must be true or false, got {value!r}")
-        return value
-    if kind.startswith("int"):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise DPVisionError(f"{where} must be a whole number, got {value!r}")
-        return value
-    if kind.startswith("float"):
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise DPVisionError(f"{where} must be a number, got {value!r}")
-        return float(value)
-    if not isinstance(value, str):
-        raise DPVisionError(f"{where} must be a string, got {value!r}")
-    return value
+    return coerce_option(name, value, kind, table="pretrain")
 
 
 def learning_rate_at(options: SupervisedOptions, step: int, steps: int) -> float:
@@ -417,15 +398,9 @@ class _Session:
         self.position += size
         return np.sort(rows)
 
-    @property
-    def fingerprint(self) -> str:
-        return hashlib.sha256(json.dumps(self.settings, sort_keys=True).encode()).hexdigest()[:16]
-
     def save(self, path: Path) -> None:
-        payload = {
-            "format": SUPERVISED_CHECKPOINT_FORMAT,
-            "fingerprint": self.fingerprint,
-            "options": self.settings,
+        """Writes the checkpoint atomically."""
+        state = {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "order": json.dumps(self.order.bit_generator.state),
@@ -435,28 +410,11 @@ class _Session:
             "step": self.step,
             "losses": list(self.losses),
         }
-        with atomic_open(path, "wb") as out:
-            torch.save(payload, out)
+        save_session(path, SUPERVISED_CHECKPOINT_FORMAT, self.settings, state)
 
     def resume(self, path: Path) -> None:
         """Restores a checkpoint; refuses one of other options (and leaves it alone)."""
-        try:
-            payload = load_torch(path)
-        except Exception as error:
-            raise DPVisionError(
-                f"cannot read checkpoint {path} ({type(error).__name__}); it was left untouched"
-            ) from None
-        if not isinstance(payload, dict) or payload.get("format") != SUPERVISED_CHECKPOINT_FORMAT:
-            raise DPVisionError(
-                f"{path} is not a supervised pre-training checkpoint; it was left untouched"
-            )
-        if payload["fingerprint"] != self.fingerprint:
-            theirs = payload.get("options")
-            differ = differing_keys(self.settings, theirs) if isinstance(theirs, dict) else []
-            raise DPVisionError(
-                f"checkpoint {path} was written with other options (differs in: "
-                f"{', '.join(differ) or 'unknown'}); the file is left untouched"
-            )
+        payload = load_session(path, SUPERVISED_CHECKPOINT_FORMAT, self.settings, "pre-training")
         self.model.load_state_dict(payload["model"])
         self.optimizer.load_state_dict(payload["optimizer"])
         self.order.bit_generator.state = json.loads(payload["order"])

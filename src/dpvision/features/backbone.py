@@ -270,9 +270,8 @@ def load_backbone(spec: FeatureSpec, image_shape: tuple[int, ...]) -> tuple[nn.M
     :func:`dpvision.models.weights.check_trained_on`).
     """
     # local import: start-up time
-    from torch import nn as torch_nn
     from dpvision.models.encoder import EncoderInfo, read_encoder
-    from dpvision.models.heads import replace_head
+    from dpvision.models.heads import body_of
     from dpvision.models.registry import build_network
     from dpvision.models.weights import load_weights
 
@@ -288,7 +287,7 @@ def load_backbone(spec: FeatureSpec, image_shape: tuple[int, ...]) -> tuple[nn.M
         ):
             info, _ = read_encoder(spec.weights)
             mean, std = tuple(info.mean), tuple(info.std)
-    body = replace_head(model, torch_nn.Identity()).eval()
+    body = body_of(model).eval()
     return body, EncoderInfo(str(spec.model), shape, 16, mean, std, record)
 
 

@@ -49,3 +49,8 @@ def replace_head(model: nn.Module, new: nn.Module) -> nn.Module:
     parent = model.get_submodule(parent_name) if parent_name else model
     setattr(parent, child, new)
     return model
+
+
+def body_of(model: nn.Module) -> nn.Module:
+    """``model`` with its head replaced by the identity, in place: images → embeddings."""
+    return replace_head(model, nn.Identity())

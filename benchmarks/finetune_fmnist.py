@@ -222,18 +222,14 @@ def run(workers: int) -> None:
     with ThreadPoolExecutor(workers) as pool:
         # 1. Tuning: every candidate at ε = 1, seed 0; the best validation accuracy wins.
         jobs = {
-            (row, rate): pool.submit(
-                _run, _name(row, rate, 1.0, 0), _dpsgd_args(row, rate, 1.0, 0)
-            )
+            (row, rate): pool.submit(_run, _name(row, rate, 1.0, 0), _dpsgd_args(row, rate, 1.0, 0))
             for row, (_, _, rates) in ROWS.items()
             for rate in rates
         }
         chosen = _chosen({key: job.result() for key, job in jobs.items()})
         # 2. Every ε and seed with the chosen rate, and the feature baselines.
         futures = [
-            pool.submit(
-                _run, _name(row, chosen[row], e, s), _dpsgd_args(row, chosen[row], e, s)
-            )
+            pool.submit(_run, _name(row, chosen[row], e, s), _dpsgd_args(row, chosen[row], e, s))
             for row in ROWS
             for e in EPSILONS
             for s in SEEDS
@@ -298,9 +294,7 @@ def report() -> str:
         cells, worst = [], 0.0
         for epsilon in EPSILONS:
             if row in ROWS:
-                group = [
-                    runs.get(_name(row, chosen.get(row, math.nan), epsilon, s)) for s in SEEDS
-                ]
+                group = [runs.get(_name(row, chosen.get(row, math.nan), epsilon, s)) for s in SEEDS]
             else:
                 group = [runs.get(f"{_slug(row)}_eps{epsilon:g}_seed{s}") for s in SEEDS]
             done = [r for r in group if r is not None]

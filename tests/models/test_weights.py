@@ -101,3 +101,27 @@ def test_pickled_code_is_not_run(tmp_path):
     torch.save({"weights": nn.Linear(2, 2)}, tmp_path / "w.pt")  # a pickled module object
     with pytest.raises(DPVisionError, match="pickled code is not run"):
         read_weights(tmp_path / "w.pt")
+
+
+def test_weights_trained_on_the_protected_dataset_are_refused_under_any_spelling(
+    tmp_path, monkeypatch
+):
+    from dpvision.data.datasets import same_dataset
+    from dpvision.models.weights import check_trained_on
+
+    def check(record: dict, dataset: str, public: float = 0.0) -> None:
+        check_trained_on(record, dataset, public, what="w.pt", same=same_dataset)
+
+    with pytest.raises(DPVisionError, match="the dataset this run protects"):
+        check({"dataset": "Fashion_MNIST"}, "fashion-mnist")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DPVisionError, match="the dataset this run protects"):
+        check({"dataset": "npz:data/x.npz"}, f"npz:{tmp_path}/data/x.npz")
+    with pytest.raises(DPVisionError, match=r"public_fraction = 0\.1"):
+        check({"dataset": "mnist", "public_fraction": 0.1}, "mnist", public=0.2)
+    check({"dataset": "mnist", "public_fraction": 0.1}, "mnist", public=0.1)  # its slice
+    check({"dataset": "cifar100"}, "cifar10")
+    check({"trained_on": "synthetic:dead-leaves-mixed"}, "cifar10")
+    check_trained_on(
+        {"dataset": "mnist"}, "mnist", 0.0, what="w", same=same_dataset, allow=True, override="x"
+    )

@@ -124,6 +124,29 @@ def dataset_info(name: str) -> DatasetInfo | None:
     return DATASETS.get(_ALIASES.get(lowered, lowered))
 
 
+def same_dataset(first: str | None, second: str | None) -> bool:
+    """Whether two dataset names denote the same dataset: aliases and case of named
+    datasets, and the resolved path of ``npz:``/``npy:``/``imagefolder:`` ones.
+
+    >>> same_dataset("Fashion_MNIST", "fashion-mnist"), same_dataset("mnist", "cifar10")
+    (True, False)
+    """
+    if first is None or second is None:
+        return False
+
+    def key(name: str) -> str:
+        info = dataset_info(name)
+        if info is not None:
+            return info.name
+        lowered = name.strip().lower()
+        prefix = next((p for p in PATH_PREFIXES if lowered.startswith(p)), None)
+        if prefix is None:
+            return name.strip()
+        return prefix + str(Path(name.strip()[len(prefix) :]).expanduser().resolve())
+
+    return key(first) == key(second)
+
+
 def available_datasets() -> tuple[str, ...]:
     """The accepted dataset names, path forms included (``npz:PATH``, ``npy:PATH``,
     ``imagefolder:PATH``)."""

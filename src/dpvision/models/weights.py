@@ -22,6 +22,7 @@ its ledger). Which head is replaced depends only on shapes, never on data.
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -230,20 +231,23 @@ def check_trained_on(
     public_fraction: float,
     *,
     what: str,
+    same: Callable[[str | None, str], bool],
     allow: bool = False,
     override: str | None = None,
 ) -> None:
     """Refuses weights whose file says they were trained on ``dataset``, the dataset a run
     protects: that training's privacy cost would be outside the run's ledger.
 
-    Weights pre-trained on the run's own public slice (the same ``public_fraction``, see
+    ``same`` says whether two dataset names denote one dataset (aliases, paths:
+    :func:`dpvision.data.datasets.same_dataset`). Weights pre-trained on the run's own
+    public slice (the same ``public_fraction``, see
     :mod:`dpvision.data.public`) pass; ``allow`` (the user's explicit ``override``, when
     the caller offers one) lets any pass.
 
     Raises:
       DPVisionError: one line saying why and how to proceed.
     """
-    if record.get("dataset") != dataset or allow:
+    if not same(record.get("dataset"), dataset) or allow:
         return
     fraction = record.get("public_fraction")
     if fraction and fraction == public_fraction:

@@ -30,6 +30,7 @@ import torch.nn.functional as F  # noqa: N812 (the usual PyTorch alias)
 
 from dpvision.accounting import PrivacyLedger, calibrate_noise_multiplier, default_accountant
 from dpvision.config import TrainConfig
+from dpvision.data.datasets import same_dataset
 from dpvision.data.inputs import DATASET_STATISTICS, LazyInputs, TrainingData, lazy_pixel_inputs
 from dpvision.data.public import training_rows
 from dpvision.distributed import Workers, current
@@ -42,6 +43,7 @@ from dpvision.mechanisms import PoissonSampler
 from dpvision.models.encoder import load_into
 from dpvision.models.finetune import apply_finetune
 from dpvision.models.registry import build_network, is_external, prepare_for_dp
+from dpvision.models.validation import validate_model
 from dpvision.models.weights import check_trained_on, load_weights
 from dpvision.runs.saved import TrainedModel, privacy_of
 from dpvision.runs.transfer import transfer_plan
@@ -406,6 +408,7 @@ def initial_model(
             report.record,
             data.name,
             config.public_fraction,
+            same=same_dataset,
             what=f"learner.init {options.init}",
             allow=options.init_allow_same_dataset,
             override="learner.init_allow_same_dataset = true",
@@ -420,6 +423,8 @@ def initial_model(
     if is_external(options.model):
         model = prepare_for_dp(model, options.batchnorm_mode)
         info["batchnorm"] = options.batchnorm_mode
+    else:
+        validate_model(model)
     trained = apply_finetune(model, options.finetune)
     info["finetune"] = options.finetune
     if options.finetune != "all":

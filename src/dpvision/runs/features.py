@@ -11,6 +11,7 @@ import numpy as np
 from dpvision.accounting import PrivacyLedger, default_accountant, zcdp_epsilon
 from dpvision.accounting.gaussian import is_unsampled_gaussian
 from dpvision.config import TrainConfig
+from dpvision.data.datasets import same_dataset
 from dpvision.data.public import training_rows
 from dpvision.distributed import current
 from dpvision.errors import DPVisionError
@@ -70,6 +71,7 @@ def run_features(
                 read_weights(source)[1],
                 dataset.name,
                 config.public_fraction,
+                same=same_dataset,
                 what=f"the {spec.name} weights {source}",
             )
         say(

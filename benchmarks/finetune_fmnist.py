@@ -19,8 +19,10 @@ Rows, each at ε ∈ {0.5, 1, 3}, median of 3 seeds:
   ``--method dp-randp`` with Phase III only (all) or Phase II only (head).
 * ``scatternet + linear``: DP-SGD on a linear head over ScatterNet features (the recipe of
   ``feature_learners_fmnist.py``), on the same private rows.
-* ``public backbone → DP-LS``: DP-LS on the features of the publicly pre-trained CNN's body
-  (``--features backbone:model=tanh-cnn,weights=FILE``), group-normalised per example.
+* ``public backbone → DP-LS`` / ``DP-FC``: DP-LS and DP-FC (5 epochs) on the features of
+  the publicly pre-trained CNN's body (``--features backbone:model=tanh-cnn,weights=FILE``,
+  32 dims), group-normalised per example (every vector then has norm √32, so nothing is
+  clipped at C = √32).
 
 Tuning: the learning rate of each DP-SGD row is chosen among two candidates by validation
 accuracy at ε = 1, seed 0 (the candidates are in ``RATES``), then used for every ε and
@@ -81,6 +83,7 @@ ROWS: dict[str, tuple[str, dict[str, Any], tuple[float, ...]]] = {
         (4.0, 16.0),
     ),
 }
+FEATURE_ROWS = ("scatternet + linear", "public backbone → DP-LS", "public backbone → DP-FC")
 SCATTER = {  # feature_learners_fmnist.py's DP-SGD schedule for ScatterNet + linear
     0.5: {"batch_size": 4096, "epochs": 10, "learning_rate": 8.0},
     1.0: {"batch_size": 8192, "epochs": 20, "learning_rate": 16.0},
@@ -135,9 +138,13 @@ def _feature_args(row: str, epsilon: float, seed: int) -> list[str]:
             *_common(epsilon, seed),
             *sets,
         ]
-    return [  # DP-LS on the public backbone's 32-d embeddings, group-normalised: norm √32
+    method = "dp-ls" if row.endswith("DP-LS") else "dp-fc"
+    extra = [] if method == "dp-ls" else ["--set", f"learner.covariance_clip_norm={math.sqrt(32)}"]
+    extra += [] if method == "dp-ls" else ["--set", "learner.epochs=5"]
+    return [  # on the public backbone's 32-d embeddings, group-normalised: norm √32
+        *extra,
         "--method",
-        "dp-ls",
+        method,
         "--features",
         f"backbone:model=tanh-cnn,weights={PUBLIC_MODEL}",
         "--set",
@@ -236,7 +243,7 @@ def run(workers: int) -> None:
         ]
         futures += [
             pool.submit(_run, f"{_slug(row)}_eps{e:g}_seed{s}", _feature_args(row, e, s))
-            for row in ("scatternet + linear", "public backbone → DP-LS")
+            for row in FEATURE_ROWS
             for e in EPSILONS
             for s in SEEDS
         ]
@@ -286,18 +293,20 @@ def report() -> str:
         "seed-004 recipe, shortened from 40 epochs); the learning rate chosen on the "
         "validation split at ε = 1, seed 0 (candidates and choice in the last column).",
         "",
-        "| row | ε = 0.5 | ε = 1 | ε = 3 | ε (max) | learning rate (candidates: validation) |",
-        "|---|---|---|---|---|---|",
+        "| row | public / private / validation images | ε = 0.5 | ε = 1 | ε = 3 | ε (max) "
+        "| learning rate (candidates: validation) |",
+        "|---|---|---|---|---|---|---|",
     ]
-    names = [*ROWS, "scatternet + linear", "public backbone → DP-LS"]
+    names = [*ROWS, *FEATURE_ROWS]
     for row in names:
-        cells, worst = [], 0.0
+        cells, worst, row_runs = [], 0.0, []
         for epsilon in EPSILONS:
             if row in ROWS:
                 group = [runs.get(_name(row, chosen.get(row, math.nan), epsilon, s)) for s in SEEDS]
             else:
                 group = [runs.get(f"{_slug(row)}_eps{epsilon:g}_seed{s}") for s in SEEDS]
             done = [r for r in group if r is not None]
+            row_runs += done
             if not done:
                 cells.append("not run")
                 continue
@@ -313,7 +322,16 @@ def report() -> str:
                 if (row, rate) in tuning
             )
             tuned = f"{chosen.get(row, '?')} ({candidates})"
-        lines.append(f"| {row} | {' | '.join(cells)} | {worst:.4f} | {tuned} |")
+        public = f"{pretrain['n_images']:,}".replace(",", " ")
+        if row in ("scratch", "scatternet + linear"):
+            public += " (unused)"
+        elif row.startswith("randp"):
+            public += " (unused; synthetic images instead)"
+        sizes = [(r["n_train"], r.get("n_validation", 0)) for r in row_runs]
+        split = " / ".join(
+            [public, *(f"{v:,}".replace(",", " ") for v in sizes[0])] if sizes else [public, "?"]
+        )
+        lines.append(f"| {row} | {split} | {' | '.join(cells)} | {worst:.4f} | {tuned} |")
     lines += [
         "",
         "Rows: see the module docstring of `benchmarks/finetune_fmnist.py`. Per-run results "

@@ -121,9 +121,15 @@ def test_pretraining_resumes_to_the_same_weights(files, tmp_path, monkeypatch):
         )
 
 
+@pytest.fixture(scope="module")
+def scratch(files: dict[str, Path]) -> dict:
+    return run_training(_config(files), quiet=True)
+
+
 @pytest.mark.parametrize("mode", ["all", "head", "norms+head", "bias+head"])
-def test_fine_tuning_ledger_equals_from_scratch_and_frozen_weights_stay(files, tmp_path, mode):
-    scratch = run_training(_config(files), quiet=True)
+def test_fine_tuning_ledger_equals_from_scratch_and_frozen_weights_stay(
+    files, tmp_path, mode, scratch
+):
     tuned = run_training(
         _config(files, f"learner.init={files['encoder']}", f"learner.finetune={mode}"),
         quiet=True,

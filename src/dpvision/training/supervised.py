@@ -191,8 +191,8 @@ def learning_rate_at(options: SupervisedOptions, step: int, steps: int) -> float
     """The schedule's learning rate at ``step`` of ``steps``.
 
     >>> o = SupervisedOptions(dataset="x", schedule="step", learning_rate=1.0, steps=100)
-    >>> [learning_rate_at(o, s, 100) for s in (0, 50, 75)]
-    [1.0, 0.1, 0.010000000000000002]
+    >>> tuple(round(learning_rate_at(o, s, 100), 6) for s in (0, 50, 75))
+    (1.0, 0.1, 0.01)
     """
     rate = options.learning_rate
     if step < options.warmup_steps:

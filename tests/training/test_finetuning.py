@@ -266,3 +266,83 @@ def test_backbone_features_of_the_pretrained_file_feed_dp_ls(files):
     assert result["num_features"] == 16
     with pytest.raises(DPVisionError, match=r"public_fraction = 0\.2"):
         run_training(resolve(overrides={**config.to_dict(), "public_fraction": 0.0}), quiet=True)
+
+
+def _mnist_stand_in(root: Path) -> Path:
+    """MNIST's four IDX files with random images (the real ones cannot be downloaded here)."""
+    import gzip
+    import struct
+
+    folder = root / "mnist"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 300), ("t10k", 50)):
+        for kind, array, magic in (
+            ("images-idx3", rng.integers(0, 256, (n, 28, 28)), 0x803),
+            ("labels-idx1", np.arange(n) % 10, 0x801),
+        ):
+            header = struct.pack(">I", magic) + struct.pack(f">{array.ndim}I", *array.shape)
+            data = gzip.compress(header + array.astype(np.uint8).tobytes(), mtime=0)
+            (folder / f"{split}-{kind}-ubyte.gz").write_bytes(data)
+    return folder
+
+
+def test_the_issue_contract_commands(tmp_path, capsys):
+    """The spellings other code relies on: pretrain on Fashion-MNIST, fine-tune on MNIST."""
+    from dpvision.data.datasets import load_dataset
+
+    try:
+        load_dataset("fashion-mnist", download=False)
+    except DPVisionError:
+        pytest.skip("needs Fashion-MNIST (DPVISION_DATA)")
+    encoder = tmp_path / "enc.pt"
+    code = main(
+        [
+            "pretrain",
+            "--objective",
+            "supervised",
+            "--dataset",
+            "fashion-mnist",
+            "--model",
+            "tanh-cnn",
+            "--out",
+            str(encoder),
+            "--steps",
+            "3",
+        ]
+    )
+    assert code == 0, capsys.readouterr().err
+    mnist = _mnist_stand_in(tmp_path)
+    for mode in ("all", "head"):
+        out = tmp_path / f"{mode}.json"
+        code = main(
+            [
+                "train",
+                "--dataset",
+                "mnist",
+                "--data-dir",
+                str(mnist),
+                "--method",
+                "dp-sgd",
+                "--set",
+                "learner.model=tanh-cnn",
+                "--set",
+                f"learner.init={encoder}",
+                "--set",
+                f"learner.finetune={mode}",
+                "--epsilon",
+                "1",
+                "--set",
+                "learner.steps=2",
+                "--set",
+                "learner.batch_size=64",
+                "--json",
+                str(out),
+            ]
+        )
+        assert code == 0, capsys.readouterr().err
+        result = json.loads(out.read_text())
+        assert result["finetune"] == mode
+        assert result["epsilon"] <= 1
+        assert result["init"]["trained_on"] == "fashion-mnist (training set)"
+        assert result["privacy_ledger"][0]["count"] == 2

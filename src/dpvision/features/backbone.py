@@ -270,7 +270,7 @@ def load_backbone(spec: FeatureSpec, image_shape: tuple[int, ...]) -> tuple[nn.M
     :func:`dpvision.models.weights.check_trained_on`).
     """
     # local import: start-up time
-    from dpvision.models.encoder import EncoderInfo, read_encoder
+    from dpvision.models.encoder import EncoderInfo
     from dpvision.models.heads import body_of
     from dpvision.models.registry import build_network
     from dpvision.models.weights import load_weights
@@ -282,11 +282,7 @@ def load_backbone(spec: FeatureSpec, image_shape: tuple[int, ...]) -> tuple[nn.M
     mean, std = _model_statistics(model, channels)
     if spec.weights is not None:
         record = dict(load_weights(model, spec.weights).record)
-        if record.get("objective") is not None or record.get("trained_on", "").startswith(
-            "synthetic:"
-        ):
-            info, _ = read_encoder(spec.weights)
-            mean, std = tuple(info.mean), tuple(info.std)
+        mean, std = record.pop("input_statistics", (mean, std))
     body = body_of(model).eval()
     return body, EncoderInfo(str(spec.model), shape, 16, mean, std, record)
 

@@ -19,7 +19,7 @@ from torch import nn
 
 from dpvision.errors import DPVisionError
 from dpvision.fileio import atomic_open, load_torch
-from dpvision.models.heads import head_name, replace_head
+from dpvision.models.heads import body_of, head_name
 from dpvision.models.registry import build_network
 
 ENCODER_FORMAT = "dpvision-encoder-v1"
@@ -56,15 +56,13 @@ class EncoderInfo:
 def build_body(model: str, input_shape: tuple[int, int, int], groups: int) -> nn.Module:
     """The named model for ``input_shape`` with its head replaced by the identity (as its
     source builds it: a timm model keeps its BatchNorm, used in eval mode for features)."""
-    return replace_head(build_network(model, input_shape, 2, groups=groups), nn.Identity())
+    return body_of(build_network(model, input_shape, 2, groups=groups))
 
 
-def without_head(state: dict[str, torch.Tensor], info: "EncoderInfo") -> dict[str, torch.Tensor]:
-    """``state`` less the head's parameters: a supervised pre-training file
+def without_head(state: dict[str, torch.Tensor], head: str) -> dict[str, torch.Tensor]:
+    """``state`` less the parameters of the module ``head``: a supervised pre-training file
     (``dpvision pretrain --objective supervised``) keeps its classifier; a body has none."""
-    full = build_network(info.model, info.input_shape, 2, groups=info.groups)
-    prefix = head_name(full) + "."
-    return {key: value for key, value in state.items() if not key.startswith(prefix)}
+    return {key: value for key, value in state.items() if not key.startswith(head + ".")}
 
 
 def save_encoder(path: str | Path, body: nn.Module, info: EncoderInfo) -> Path:
@@ -105,9 +103,11 @@ def read_encoder(path: str | Path) -> tuple[EncoderInfo, dict[str, torch.Tensor]
 def load_encoder(path: str | Path) -> tuple[nn.Module, EncoderInfo]:
     """The pre-trained body (images → embeddings, in eval mode) and its info."""
     info, state = read_encoder(path)
-    body = build_body(info.model, info.input_shape, info.groups)
+    full = build_network(info.model, info.input_shape, 2, groups=info.groups)
+    head = head_name(full)
+    body = body_of(full)
     try:
-        body.load_state_dict(without_head(state, info))
+        body.load_state_dict(without_head(state, head))
     except RuntimeError:
         raise DPVisionError(f"encoder {path} does not match the model {info.model}") from None
     return body.eval(), info
@@ -145,7 +145,7 @@ def load_into(
         )
     head = head_name(model)
     try:
-        missing, unexpected = model.load_state_dict(without_head(state, info), strict=False)
+        missing, unexpected = model.load_state_dict(without_head(state, head), strict=False)
     except RuntimeError:
         raise DPVisionError(f"encoder {path} does not match the model {model_name}") from None
     others = [name for name in missing if not name.startswith(head + ".")]

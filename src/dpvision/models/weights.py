@@ -52,7 +52,8 @@ class LoadReport:
       head_replaced: whether the head starts fresh (absent from the file, or another shape).
       adapted: weights reshaped to fit (an RGB stem summed to one channel).
       record: what the file says of its training (``trained_on``, ``dataset``,
-        ``public_fraction``, …); empty for a plain state dict.
+        ``public_fraction``, …; a dpvision encoder's ``input_statistics``, its per-channel
+        mean and std); empty for a plain state dict.
     """
 
     path: str
@@ -127,6 +128,7 @@ def _unwrap(payload: Any, path: Path) -> tuple[dict[str, torch.Tensor], dict[str
         info = payload.get("info", {})
         record = dict(info.get("metadata", {}))
         record.setdefault("model", info.get("model"))
+        record["input_statistics"] = (tuple(info["mean"]), tuple(info["std"]))
         payload = payload["state_dict"]
     elif isinstance(payload, dict) and str(payload.get("format", "")).startswith("dpvision-"):
         config = payload.get("config", {})

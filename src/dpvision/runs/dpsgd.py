@@ -169,7 +169,9 @@ class _Run:
             plan = transfer_plan(config, options, data, sigma, sample_rate, steps, quiet)
             options = dataclasses.replace(options, groups=plan.info.groups)
         torch.manual_seed(seeds["init"])
-        model, start = initial_model(config, options, data, plan, quiet)
+        model, start = initial_model(
+            config, options, data, plan, quiet, settings["learner"].get("init_sha256")
+        )
         state = TrainingState(
             model=model,
             optimizer=phase_optimizer(options, model, plan, 0),
@@ -385,10 +387,12 @@ def initial_model(
     data: TrainingData,
     plan: TransferPlan | None,
     quiet: bool,
+    init_sha256: str | None = None,
 ) -> tuple[torch.nn.Module, dict[str, Any]]:
     """The model a run starts from: built, weights loaded (``learner.init`` or the DP-RandP
     encoder), BatchNorm frozen or replaced, the parameters ``learner.finetune`` leaves out
-    frozen; and what the result should say of it.
+    frozen; and what the result should say of it (``init_sha256``: the init file's digest,
+    when the caller has it already).
 
     Privacy: the architecture, the weights and what is frozen come from the config and the
     weight file, never from the private data. Weights whose file says they were trained on
@@ -416,7 +420,7 @@ def initial_model(
         say(report.message(), quiet)
         info["init"] = {
             "path": str(options.init),
-            "sha256": encoder_digest(options.init),
+            "sha256": init_sha256 or encoder_digest(options.init),
             "head_replaced": report.head_replaced,
             "trained_on": report.record.get("trained_on") or report.record.get("dataset"),
         }

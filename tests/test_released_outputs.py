@@ -49,6 +49,8 @@ JUSTIFIED = {
     "wall_seconds": "timing (see the README's assumptions: timing is not protected)",
     "train_seconds": "timing (see the README's assumptions)",
     "world_size": PUBLIC,
+    "device": "public: the machine's device the run computed on (its name, not its state)",
+    "precision": PUBLIC,
     # dp-randp's transfer summary
     "encoder": PUBLIC,
     "encoder_trained_on": "public: what the encoder's own file says",

@@ -49,6 +49,7 @@ from typing import Any
 from dpvision.accounting import parse_accountant
 from dpvision.data.core import ImageDataset
 from dpvision.data.datasets import PATH_PREFIXES, check_public_shape, dataset_info, load_dataset
+from dpvision.devices import Placement, parse_device, parse_precision, placement
 from dpvision.errors import DPVisionError
 from dpvision.features.preprocessing import PREPROCESSING, PreprocessingConfig
 from dpvision.learners import LEARNERS
@@ -83,6 +84,10 @@ class TrainConfig:
       noise_multiplier: σ instead of a target ε (``0``: no noise).
       accountant: ``pld``, ``rdp``, ``gaussian``, ``classic-rdp`` or ``None`` (tightest valid).
       seed: seeds the noise and any sampling.
+      device: where the run computes: ``auto`` (the default: CUDA when torch sees it, else
+        the CPU), ``cpu``, ``cuda`` or ``cuda:N`` (:mod:`dpvision.devices`).
+      precision: ``fp32`` (the default) or ``bf16``: the forward and backward passes of
+        ``dp-sgd``/``dp-randp`` under autocast, the norms, clipping and noise in float32.
       validation_fraction: the share of the training examples held out as a validation
         split (seeded; :mod:`dpvision.data.validation`): ``eval_every`` and the result's
         ``validation_accuracy`` use it and the test set is evaluated once, at the end.
@@ -110,6 +115,8 @@ class TrainConfig:
     noise_multiplier: float | None = None
     accountant: str | None = None
     seed: int = 0
+    device: str = "auto"
+    precision: str = "fp32"
     validation_fraction: float = 0.0
     public_fraction: float = 0.0
     preprocessing: PreprocessingConfig = field(default_factory=PreprocessingConfig)
@@ -136,6 +143,11 @@ class TrainConfig:
         return (self.epsilon is not None and math.isinf(self.epsilon)) or (
             self.noise_multiplier == 0
         )
+
+    @functools.cached_property
+    def placement(self) -> Placement:
+        """The device and precision of this run, resolved on this machine."""
+        return placement(self.device, self.precision)
 
     @functools.cached_property
     def dpsgd(self) -> DPSGDOptions:
@@ -256,6 +268,15 @@ def validate(config: TrainConfig) -> TrainConfig:
         raise DPVisionError(f"public_fraction must be in [0, 1), got {config.public_fraction}")
     if not 0 <= config.seed < 2**63:
         raise DPVisionError(f"seed must be a whole number in [0, 2**63), got {config.seed}")
+    config = dataclasses.replace(
+        config, device=parse_device(config.device), precision=parse_precision(config.precision)
+    )
+    if config.precision != "fp32" and config.method not in ("dp-sgd", "dp-randp"):
+        raise DPVisionError(
+            f"precision {config.precision} is for dp-sgd and dp-randp; {config.method} solves "
+            "in float64 (leave precision = fp32)"
+        )
+    config.placement  # noqa: B018 (a device that is not there is refused before any work)
     _check_public_shape(config)
     if config.preprocessing.kind not in PREPROCESSING:
         raise DPVisionError(
@@ -311,6 +332,7 @@ def validate(config: TrainConfig) -> TrainConfig:
         "noise_multiplier",
         "accountant",
         "random_state",
+        "device",  # the run's own device (top-level ``device``)
     }
     for key in config.learner:
         if key not in allowed:

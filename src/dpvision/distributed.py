@@ -197,7 +197,8 @@ def init_from_env(timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> Workers:
     ``torchrun`` sets ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``; with
     ``WORLD_SIZE`` unset or 1 nothing is initialised. The backend is gloo for CPU tensors,
     and NCCL for CUDA tensors when CUDA is available (torch's ``cpu:gloo,cuda:nccl``);
-    ``DPVISION_DIST_BACKEND`` overrides it.
+    ``DPVISION_DIST_BACKEND`` overrides it. With CUDA, each process takes the GPU of its
+    ``LOCAL_RANK`` as its current device (one process per GPU).
     """
     if not launched_by_torchrun() or torch.distributed.is_initialized():
         return current()
@@ -206,6 +207,10 @@ def init_from_env(timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> Workers:
     backend = os.environ.get("DPVISION_DIST_BACKEND") or (
         "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
     )
+    if torch.cuda.is_available():
+        # One GPU per process: ``--device auto`` and ``cuda`` then mean the rank's own GPU.
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local % torch.cuda.device_count())
     try:
         torch.distributed.init_process_group(backend=backend, timeout=timeout)
     except (RuntimeError, ValueError) as error:

@@ -321,8 +321,10 @@ def dpsgd_release(
     physical_batch_size: int | None = None,
     steps: int = 1,
     workers: Any = None,
+    precision: torch.dtype | None = None,
 ) -> Run:
-    """``run((inputs, targets))``: DP-SGD engine steps on a copy of ``model``, noise off.
+    """``run((inputs, targets))``: DP-SGD engine steps on a copy of ``model``, noise off
+    (forward and backward under autocast to ``precision`` when given).
 
     Every step uses the whole dataset as its batch (q = 1), split into physical batches of
     ``physical_batch_size`` examples; the copy's parameters do not move (learning rate 0),
@@ -354,6 +356,7 @@ def dpsgd_release(
             views=views,
             clipping=clipping,
             workers=workers,
+            precision=precision,
         )
         size = physical_batch_size or max(1, len(inputs))
         for _ in range(steps):

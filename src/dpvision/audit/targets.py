@@ -246,9 +246,10 @@ class DPSGDTarget(AuditTarget):
                 f"{data.size}"
             )
         self.options = options
+        self.device = device = config.placement.device
         images, labels = data.training_set(with_canary=True)
-        self.inputs = pixel_inputs(images, data.name, options.normalization)
-        self.targets = torch.as_tensor(labels, dtype=torch.long)
+        self.inputs = pixel_inputs(images, data.name, options.normalization).to(device)
+        self.targets = torch.as_tensor(labels, dtype=torch.long).to(device)
         self.sample_rate = options.batch_size / data.size
         self.steps = (
             options.steps
@@ -259,7 +260,7 @@ class DPSGDTarget(AuditTarget):
         torch.manual_seed(run_seeds(config.seed)["init"])
         self.model = build_model(
             options.model, tuple(self.inputs.shape[1:]), data.num_classes, groups=options.groups
-        )
+        ).to(device)
         self.init = {k: v.detach().clone() for k, v in self.model.named_parameters()}
         self.buffers = {k: v.detach() for k, v in self.model.named_buffers()}
         parameters = sum(v.numel() for v in self.init.values())
@@ -298,7 +299,7 @@ class DPSGDTarget(AuditTarget):
             if self.last_ledger.to_dict()["entries"] != self.claim.ledger:
                 raise DPVisionError("the audited runs recorded other releases than claimed")
             with torch.no_grad():
-                out.append(vmap(self._loss)(params).numpy())
+                out.append(vmap(self._loss)(params).cpu().numpy())
             if progress is not None:
                 progress(count)
         return np.concatenate(out)
@@ -341,8 +342,8 @@ class DPSGDTarget(AuditTarget):
         sampler = PoissonSampler(
             num_examples=runs * n, sample_rate=self.sample_rate, steps=self.steps, seed=sampler_seed
         )
-        noise = torch.Generator().manual_seed(noise_seed)
-        augment = torch.Generator().manual_seed(augment_seed)
+        noise = torch.Generator(device=self.device).manual_seed(noise_seed)
+        augment = torch.Generator().manual_seed(augment_seed)  # draws on the CPU, views on device
         ledger = PrivacyLedger()
 
         def clipped(
@@ -361,8 +362,8 @@ class DPSGDTarget(AuditTarget):
             return grads
 
         for indices in sampler:
-            keep = torch.zeros(runs * n, dtype=torch.bool)
-            keep[torch.as_tensor(indices, dtype=torch.long)] = True
+            keep = torch.zeros(runs * n, dtype=torch.bool, device=self.device)
+            keep[torch.as_tensor(indices, dtype=torch.long, device=self.device)] = True
             if options.augmult:
                 views = augment_views(
                     inputs.repeat(runs, 1, 1, 1),

@@ -117,6 +117,52 @@ def add_accountant_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_device_arguments(
+    parser: argparse.ArgumentParser, *, default: str | None = "auto", precision: bool = True
+) -> None:
+    """``--device`` (and ``--precision``): checked for spelling here, for presence when the
+    command resolves it (:mod:`dpvision.devices`), both before any work."""
+    parser.add_argument(
+        "--device",
+        type=_device,
+        default=default,
+        metavar="DEVICE",
+        help="auto (CUDA when present, else the CPU), cpu, cuda or cuda:N"
+        + ("" if default is None else f" (default: {default})"),
+    )
+    if precision:
+        parser.add_argument(
+            "--precision",
+            type=_precision,
+            default=None if default is None else "fp32",
+            metavar="P",
+            help="fp32 (default) or bf16: forward and backward passes under autocast; "
+            "per-example norms, clipping and noise stay in float32",
+        )
+
+
+def _device(text: str) -> str:
+    # local import: start-up time
+    from dpvision.devices import parse_device
+    from dpvision.errors import DPVisionError
+
+    try:
+        return parse_device(text)
+    except DPVisionError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _precision(text: str) -> str:
+    # local import: start-up time
+    from dpvision.devices import parse_precision
+    from dpvision.errors import DPVisionError
+
+    try:
+        return parse_precision(text)
+    except DPVisionError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def add_common_arguments(
     parser: argparse.ArgumentParser, *, sigma: bool, epsilon: bool, steps: bool
 ) -> None:
@@ -190,6 +236,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_accountant_argument(parser)
     parser.add_argument("--seed", type=whole_number, metavar="N", help="random seed")
+    add_device_arguments(parser, default=None)
     parser.add_argument(
         "--set",
         action="append",
@@ -210,6 +257,8 @@ def run_flags(args: argparse.Namespace) -> dict[str, Any]:
         "noise_multiplier": args.noise_multiplier,
         "accountant": args.accountant,
         "seed": args.seed,
+        "device": args.device,
+        "precision": args.precision,
     }
 
 

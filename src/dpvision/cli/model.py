@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from dpvision.cli.arguments import input_file, output_file
+from dpvision.cli.arguments import add_device_arguments, input_file, output_file
 from dpvision.errors import DPVisionError
 
 
@@ -27,6 +27,7 @@ def add_parsers(commands: Any) -> None:
     predict.add_argument("model", type=input_file, metavar="MODEL")
     predict.add_argument("inputs", metavar="INPUTS")
     predict.add_argument("--out", type=output_file, metavar="FILE.csv", help="default: stdout")
+    add_device_arguments(predict, precision=False)
     evaluate = commands.add_parser(
         "evaluate",
         help="accuracy of a saved model on a dataset's test split",
@@ -38,6 +39,7 @@ def add_parsers(commands: Any) -> None:
     evaluate.add_argument("--dataset", help="default: the dataset the model was trained on")
     evaluate.add_argument("--data-dir", metavar="DIR", help="folder with the dataset's files")
     evaluate.add_argument("--json", type=output_file, metavar="FILE", help="write a JSON here")
+    add_device_arguments(evaluate, precision=False)
 
 
 def run_predict(args: argparse.Namespace) -> None:
@@ -47,7 +49,7 @@ def run_predict(args: argparse.Namespace) -> None:
     from dpvision.fileio import atomic_open
     from dpvision.runs.saved import load_model
 
-    model = load_model(args.model)
+    model = load_model(args.model).to(args.device)
     source = Path(args.inputs)
     if source.suffix == ".npy" and source.is_file():
         inputs = np.asarray(read_npy(source, mmap=False, fix="save a NumPy array with np.save"))
@@ -83,7 +85,7 @@ def run_evaluate(args: argparse.Namespace) -> None:
     from dpvision.fileio import write_json_atomic
     from dpvision.runs.saved import load_model
 
-    model = load_model(args.model)
+    model = load_model(args.model).to(args.device)
     name = args.dataset or model.dataset
     config = model.config
     if model.image_shape is None:

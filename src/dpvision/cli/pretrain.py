@@ -4,7 +4,7 @@ import argparse
 import time
 from typing import Any
 
-from dpvision.cli.arguments import input_file, output_file, whole_number
+from dpvision.cli.arguments import add_device_arguments, input_file, output_file, whole_number
 from dpvision.data.synthetic import write_preview
 from dpvision.errors import DPVisionError
 
@@ -60,6 +60,7 @@ def add_pretrain_parser(commands: Any) -> None:
         "--num-images", type=whole_number, help="images generated once (0: fresh each step)"
     )
     pretrain.add_argument("--seed", type=whole_number, help="random seed")
+    add_device_arguments(pretrain, precision=False)
     pretrain.add_argument(
         "--set",
         action="append",
@@ -83,9 +84,10 @@ def run_pretrain(args: argparse.Namespace) -> None:
     from dpvision.config import load_toml, parse_override
 
     # local import: start-up time
-    from dpvision.fileio import write_json_atomic
+    from dpvision.devices import resolve_device
 
     # local import: start-up time
+    from dpvision.fileio import write_json_atomic
     from dpvision.training.pretrain import PretrainOptions, pretrain
 
     raw: dict[str, Any] = {}
@@ -132,7 +134,10 @@ def run_pretrain(args: argparse.Namespace) -> None:
         run_supervised(raw, args)
         return
     options = PretrainOptions.from_dict(raw)
-    result = pretrain(options, args.out, checkpoint=args.checkpoint, quiet=args.quiet)
+    device = resolve_device(args.device)
+    result = pretrain(
+        options, args.out, checkpoint=args.checkpoint, quiet=args.quiet, device=device
+    )
     if args.json:
         write_json_atomic(args.json, result)
     print(
@@ -146,13 +151,16 @@ def run_pretrain(args: argparse.Namespace) -> None:
 def run_supervised(raw: dict[str, Any], args: argparse.Namespace) -> None:
     """``dpvision pretrain --objective supervised``: validate, train, write, summarise."""
     # local import: start-up time
-    from dpvision.fileio import write_json_atomic
-
     # local import: start-up time
+    from dpvision.devices import resolve_device
+    from dpvision.fileio import write_json_atomic
     from dpvision.training.supervised import SupervisedOptions, pretrain_supervised
 
     options = SupervisedOptions.from_dict(raw)
-    result = pretrain_supervised(options, args.out, checkpoint=args.checkpoint, quiet=args.quiet)
+    device = resolve_device(args.device)
+    result = pretrain_supervised(
+        options, args.out, checkpoint=args.checkpoint, quiet=args.quiet, device=device
+    )
     if args.json:
         write_json_atomic(args.json, result)
     print(

@@ -6,12 +6,14 @@ Privacy: every map here is per example with public constants; nothing is release
 
 import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 from dpvision.accounting import PrivacyLedger
 from dpvision.data.core import images_to_tensor
+from dpvision.devices import available_memory
 from dpvision.errors import DPVisionError
 
 # Published per-dataset channel statistics, used as public constants (as in every paper of
@@ -29,18 +31,23 @@ class LazyInputs:
 
     The images may be memory-mapped (``npy:DIR`` datasets) and larger than memory: only the
     rows indexed are read and converted (to float in [0, 1], then each of ``transforms``).
-    Indexing with a tensor of indices or a slice returns a float32 tensor.
+    Indexing with a tensor of indices or a slice returns a float32 tensor on ``device``.
+    On an accelerator (:meth:`to`) the uint8 images are moved there once when they fit,
+    so a batch is gathered, converted and augmented on the device; otherwise each batch is
+    converted on the host and copied over.
 
     Privacy: a fixed per-example map with public constants; releases nothing.
     """
 
     def __init__(
         self,
-        images: np.ndarray,
+        images: np.ndarray | torch.Tensor,
         transforms: tuple[Callable[[torch.Tensor], torch.Tensor], ...] = (),
+        device: torch.device | None = None,
     ) -> None:
         self.images = images
         self.transforms = transforms
+        self.device = device or torch.device("cpu")
 
     @property
     def shape(self) -> torch.Size:
@@ -51,15 +58,31 @@ class LazyInputs:
         return len(self.images)
 
     def __getitem__(self, index: torch.Tensor | slice) -> torch.Tensor:
-        rows = index.numpy() if isinstance(index, torch.Tensor) else index
-        inputs = images_to_tensor(np.ascontiguousarray(self.images[rows]))
+        if isinstance(self.images, torch.Tensor):  # uint8 on the device: convert there
+            rows = index.to(self.images.device) if isinstance(index, torch.Tensor) else index
+            inputs = self.images[rows].permute(0, 3, 1, 2).to(torch.float32).div_(255.0)
+        else:
+            rows = index.cpu().numpy() if isinstance(index, torch.Tensor) else index
+            inputs = images_to_tensor(np.ascontiguousarray(self.images[rows]))
+            inputs = inputs.to(self.device, non_blocking=True)
         for transform in self.transforms:
             inputs = transform(inputs)
-        return inputs
+        return inputs.contiguous()
 
     def map(self, transform: Callable[[torch.Tensor], torch.Tensor]) -> "LazyInputs":
         """The same inputs followed by ``transform`` (applied per batch)."""
-        return LazyInputs(self.images, (*self.transforms, transform))
+        return LazyInputs(self.images, (*self.transforms, transform), self.device)
+
+    def to(self, device: torch.device) -> "LazyInputs":
+        """These inputs made on ``device``; the uint8 images go there once if they take at
+        most half of its free memory (on the CPU nothing moves)."""
+        if device.type == "cpu":
+            return LazyInputs(self.images, self.transforms, device)
+        images = self.images
+        free = available_memory(device)
+        if isinstance(images, np.ndarray) and free is not None and images.nbytes <= free // 2:
+            images = torch.from_numpy(np.ascontiguousarray(images)).to(device)
+        return LazyInputs(images, self.transforms, device)
 
 
 def lazy_pixel_inputs(images: np.ndarray, dataset: str, normalization: str) -> LazyInputs:
@@ -77,7 +100,7 @@ def _standardizer(dataset: str) -> Callable[[torch.Tensor], torch.Tensor]:
             f"(known: {', '.join(DATASET_STATISTICS)})"
         )
     mean, std = (torch.tensor(v).view(-1, 1, 1) for v in DATASET_STATISTICS[dataset])
-    return lambda inputs: (inputs - mean) / std
+    return lambda inputs: (inputs - mean.to(inputs.device)) / std.to(inputs.device)
 
 
 def pixel_inputs(images: np.ndarray, dataset: str, normalization: str) -> torch.Tensor:
@@ -114,3 +137,20 @@ class TrainingData:
     validation_y: torch.Tensor | None = None
     image_shape: tuple[int, ...] | None = None  # (H, W, C) of the images the inputs come from
     class_names: tuple[str, ...] | None = None
+
+    def to(self, device: torch.device) -> "TrainingData":
+        """The same data with inputs made on ``device`` and labels there (see
+        :meth:`LazyInputs.to`); on the CPU, the very same tensors."""
+
+        def move(x: Any) -> Any:
+            return None if x is None else x.to(device)
+
+        return dataclasses.replace(
+            self,
+            train_x=move(self.train_x),
+            train_y=move(self.train_y),
+            test_x=move(self.test_x),
+            test_y=move(self.test_y),
+            validation_x=move(self.validation_x),
+            validation_y=move(self.validation_y),
+        )

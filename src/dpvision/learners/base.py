@@ -25,15 +25,17 @@ from dpvision.accounting import (
     calibrate_noise_multiplier,
 )
 from dpvision.accounting.ledger import NON_PRIVATE, LedgerEntry
+from dpvision.devices import resolve_device
 from dpvision.distributed import Workers, current
 from dpvision.errors import DPVisionError
 from dpvision.learners.statistics import check_features, iter_chunks
 
 
-def make_generator(random_state: int | None) -> torch.Generator:
-    """A torch generator for the noise: seeded when ``random_state`` is given, else from the OS."""
+def make_generator(random_state: int | None, device: str = "cpu") -> torch.Generator:
+    """A torch generator for the noise on ``device``: seeded when ``random_state`` is given,
+    else from the OS."""
     seed = random_state if random_state is not None else int.from_bytes(os.urandom(8), "little")
-    return torch.Generator().manual_seed(int(seed) % (2**63))
+    return torch.Generator(device=device).manual_seed(int(seed) % (2**63))
 
 
 def resolve_noise_multiplier(
@@ -153,6 +155,7 @@ class DPLinearClassifier(ClassifierMixin, BaseEstimator, abc.ABC):  # type: igno
     random_state: int | None
     num_classes: int | None
     chunk_size: int
+    device: str
 
     def check_params(self) -> None:
         """One-line errors for option values out of range, before any data is read
@@ -163,6 +166,7 @@ class DPLinearClassifier(ClassifierMixin, BaseEstimator, abc.ABC):  # type: igno
                 raise DPVisionError(f"{name} must be a number > 0, got {value!r}")
         if not (isinstance(self.chunk_size, int) and self.chunk_size >= 1):
             raise DPVisionError(f"chunk_size must be a whole number >= 1, got {self.chunk_size!r}")
+        resolve_device(self.device)
 
     @abc.abstractmethod
     def _releases(self, n: int, d: int, m: int) -> tuple[int, float]:
@@ -226,12 +230,17 @@ class DPLinearClassifier(ClassifierMixin, BaseEstimator, abc.ABC):  # type: igno
                 "under torchrun every rank must draw the same noise: give random_state"
             )
         own = PrivacyLedger()  # this fit's releases alone, checked against the calibration
-        fit = PrivateFit(num_classes, sigma, own, make_generator(self.random_state), workers)
-        coef, intercept = self._fit_private(X, y, fit)
+        device = resolve_device(self.device)
+        fit = PrivateFit(
+            num_classes, sigma, own, make_generator(self.random_state, device), workers
+        )
+        # Statistics, noise and solves on ``device``: tensors made without a device land there.
+        with torch.device(device):
+            coef, intercept = self._fit_private(X, y, fit)
         check_releases(own.entries, count, sample_rate, sigma, type(self).__name__)
         ledger.extend(own)
-        self.coef_ = coef.to(torch.float64).numpy()
-        self.intercept_ = intercept.to(torch.float64).numpy()
+        self.coef_ = coef.to(torch.float64).cpu().numpy()
+        self.intercept_ = intercept.to(torch.float64).cpu().numpy()
         self.classes_ = np.arange(num_classes)
         self.n_features_in_ = d
         self.noise_multiplier_ = sigma

@@ -22,7 +22,12 @@ from dpvision.errors import DPVisionError
 from dpvision.learners.base import DPLinearClassifier, PrivateFit
 from dpvision.learners.dp_sgd_linear import clipped_gradient_sum, loss_gradient, row_sq_norms
 from dpvision.learners.linalg import psd_project, symmetrize
-from dpvision.learners.statistics import DEFAULT_CHUNK_SIZE, gram_statistics, read_rows
+from dpvision.learners.statistics import (
+    DEFAULT_CHUNK_SIZE,
+    gram_statistics,
+    on_device,
+    read_rows,
+)
 from dpvision.mechanisms import release_gaussian
 
 
@@ -30,8 +35,8 @@ class DPFeatureCovariance(DPLinearClassifier):
     """DP-FC classifier on features (``--method dp-fc``).
 
     Args:
-      target_epsilon, target_delta, noise_multiplier, accountant, random_state, num_classes:
-        as in :class:`~dpvision.learners.DPLeastSquares`.
+      target_epsilon, target_delta, noise_multiplier, accountant, random_state, num_classes,
+        device: as in :class:`~dpvision.learners.DPLeastSquares`.
       covariance_clip_norm: C_G, the L2 bound on feature vectors for the covariance.
       clip_norm: C_g, the L2 bound on each example's gradient (all classes together).
       epochs: T, the number of full-batch preconditioned steps.
@@ -63,6 +68,7 @@ class DPFeatureCovariance(DPLinearClassifier):
         random_state: int | None = None,
         num_classes: int | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
+        device: str = "cpu",
     ) -> None:
         self.target_epsilon = target_epsilon
         self.target_delta = target_delta
@@ -77,6 +83,7 @@ class DPFeatureCovariance(DPLinearClassifier):
         self.random_state = random_state
         self.num_classes = num_classes
         self.chunk_size = chunk_size
+        self.device = device
 
     def _releases(self, n: int, d: int, m: int) -> tuple[int, float]:
         if int(self.epochs) != self.epochs or self.epochs < 1:
@@ -121,8 +128,10 @@ class DPFeatureCovariance(DPLinearClassifier):
             grad = torch.zeros_like(weight)
             for first in range(0, len(features), self.chunk_size):
                 x = read_rows(features, slice(first, first + self.chunk_size))
-                y = torch.from_numpy(
-                    np.asarray(labels[first : first + self.chunk_size], dtype=np.int64)
+                y = on_device(
+                    torch.from_numpy(
+                        np.asarray(labels[first : first + self.chunk_size], dtype=np.int64)
+                    )
                 )
                 errors = loss_gradient(x @ weight.T + bias, y, "sigmoid")
                 gw, _, _ = clipped_gradient_sum(

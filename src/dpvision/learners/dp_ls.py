@@ -43,6 +43,9 @@ class DPLeastSquares(DPLinearClassifier):
       random_state: seeds the noise (``None``: fresh OS entropy).
       num_classes: m, required (public: never read off the private labels).
       chunk_size: rows per chunk when accumulating statistics.
+      device: where the statistics, the noise and the solves are computed (``cpu``,
+        ``cuda``, ``cuda:N`` or ``auto``); the data stay where they are, read a chunk at a
+        time. Results differ from the CPU's in rounding only.
       max_block_bytes: memory for the per-class d×d matrices solved at once (classes are
         processed in blocks, so m·d² need not fit in memory); the solve needs about four
         times this at its peak.
@@ -68,6 +71,7 @@ class DPLeastSquares(DPLinearClassifier):
         random_state: int | None = None,
         num_classes: int | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
+        device: str = "cpu",
         max_block_bytes: int = 2**28,
     ) -> None:
         self.target_epsilon = target_epsilon
@@ -80,6 +84,7 @@ class DPLeastSquares(DPLinearClassifier):
         self.random_state = random_state
         self.num_classes = num_classes
         self.chunk_size = chunk_size
+        self.device = device
         self.max_block_bytes = max_block_bytes
 
     def check_params(self) -> None:

@@ -25,8 +25,8 @@ class DPNewton(DPLinearClassifier):
     """DP-Newton classifier on features (``--method dp-newton``).
 
     Args:
-      target_epsilon, target_delta, noise_multiplier, accountant, random_state, num_classes:
-        as in :class:`~dpvision.learners.DPLeastSquares`.
+      target_epsilon, target_delta, noise_multiplier, accountant, random_state, num_classes,
+        device: as in :class:`~dpvision.learners.DPLeastSquares`.
       clip_norm: C, the L2 bound on each feature vector.
       iterations: T, the number of Newton steps.
       learning_rate: η, the Newton step size.
@@ -54,6 +54,7 @@ class DPNewton(DPLinearClassifier):
         random_state: int | None = None,
         num_classes: int | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
+        device: str = "cpu",
     ) -> None:
         self.target_epsilon = target_epsilon
         self.target_delta = target_delta
@@ -66,6 +67,7 @@ class DPNewton(DPLinearClassifier):
         self.random_state = random_state
         self.num_classes = num_classes
         self.chunk_size = chunk_size
+        self.device = device
 
     def _releases(self, n: int, d: int, m: int) -> tuple[int, float]:
         if int(self.iterations) != self.iterations or self.iterations < 1:

@@ -14,7 +14,7 @@ import torch
 
 from dpvision.errors import DPVisionError
 from dpvision.learners.base import DPLinearClassifier, PrivateFit
-from dpvision.learners.statistics import DEFAULT_CHUNK_SIZE, read_rows
+from dpvision.learners.statistics import DEFAULT_CHUNK_SIZE, on_device, read_rows
 from dpvision.mechanisms import clipping, release_gaussian
 
 LOSSES = ("softmax", "sigmoid")
@@ -73,7 +73,7 @@ def row_sq_norms(features: np.ndarray, chunk_size: int = DEFAULT_CHUNK_SIZE) -> 
     """‖xᵢ‖² of every row, in float64, one chunk at a time (non-finite rows give inf/nan)."""
     out = torch.empty(len(features), dtype=torch.float64)
     for start in range(0, len(features), chunk_size):
-        chunk = read_rows(features, slice(start, start + chunk_size)).numpy()
+        chunk = read_rows(features, slice(start, start + chunk_size)).cpu().numpy()
         out[start : start + len(chunk)] = torch.from_numpy(np.einsum("ij,ij->i", chunk, chunk))
     return out
 
@@ -88,8 +88,8 @@ class DPSGDLinear(DPLinearClassifier):
     """A linear head trained with DP-SGD / momentum / DP-Adam (``--method dp-sgd-linear``).
 
     Args:
-      target_epsilon, target_delta, noise_multiplier, accountant, random_state, num_classes:
-        as in :class:`~dpvision.learners.DPLeastSquares`.
+      target_epsilon, target_delta, noise_multiplier, accountant, random_state, num_classes,
+        device: as in :class:`~dpvision.learners.DPLeastSquares`.
       clip_norm: C, the L2 bound on each example's gradient (weights and bias together).
       batch_size: expected Poisson batch size B (sample rate q = B/n); ``None`` = full batch.
       epochs: training length; steps T = ceil(epochs·n/B) (= epochs for full batch).
@@ -131,6 +131,7 @@ class DPSGDLinear(DPLinearClassifier):
         random_state: int | None = None,
         num_classes: int | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
+        device: str = "cpu",
         sample_rate: float | None = None,
         steps: int | None = None,
         expected_batch_size: float | None = None,
@@ -152,6 +153,7 @@ class DPSGDLinear(DPLinearClassifier):
         self.random_state = random_state
         self.num_classes = num_classes
         self.chunk_size = chunk_size
+        self.device = device
         self.sample_rate = sample_rate
         self.steps = steps
         self.expected_batch_size = expected_batch_size
@@ -214,14 +216,14 @@ class DPSGDLinear(DPLinearClassifier):
             for start in range(0, len(batch), self.chunk_size):
                 index = batch[start : start + self.chunk_size]
                 x = _rows(features, index)
-                y = torch.from_numpy(np.asarray(labels[index], dtype=np.int64))
+                y = on_device(torch.from_numpy(np.asarray(labels[index], dtype=np.int64)))
                 errors = loss_gradient(x @ weight.T + bias, y, self.loss)
                 gw, gb, _ = clipped_gradient_sum(
                     x,
                     errors,
                     self.clip_norm,
                     fit_intercept=self.fit_intercept,
-                    sq_norms=sq_norms[torch.from_numpy(index)],
+                    sq_norms=sq_norms[on_device(torch.from_numpy(index))],
                 )
                 grad_w += gw
                 grad_b += gb

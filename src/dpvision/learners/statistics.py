@@ -100,8 +100,15 @@ def _index_groups(features: np.ndarray, rows: np.ndarray, origin: int) -> list[n
     return np.split(rows, np.flatnonzero(np.diff(group)) + 1)
 
 
+def on_device(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` on torch's default device: the learner's ``device`` while it fits (its
+    ``fit`` runs inside ``with torch.device(...)``), else the CPU (then ``tensor`` itself)."""
+    return tensor.to(torch.get_default_device())
+
+
 def read_rows(features: np.ndarray, rows: slice | np.ndarray) -> torch.Tensor:
-    """``features[rows]`` copied into a new float64 tensor; a memory map's pages are let go.
+    """``features[rows]`` copied into a new float64 tensor (on the default device, see
+    :func:`on_device`); a memory map's pages are let go.
 
     Args:
       features: (n, d) array, in memory or memory-mapped.
@@ -119,7 +126,7 @@ def read_rows(features: np.ndarray, rows: slice | np.ndarray) -> torch.Tensor:
     """
     mapping = _read_only_map(features)
     if mapping is None:
-        return torch.from_numpy(np.array(features[rows], dtype=np.float64))
+        return on_device(torch.from_numpy(np.array(features[rows], dtype=np.float64)))
     origin = np.frombuffer(mapping, dtype=np.uint8).ctypes.data  # the map's first byte
     n = len(features)
     parts: list[slice] | list[np.ndarray]
@@ -144,7 +151,7 @@ def read_rows(features: np.ndarray, rows: slice | np.ndarray) -> torch.Tensor:
         if not isinstance(part, slice):
             block = features[int(part.min()) : int(part.max()) + 1]  # the pages it touched
         _release(mapping, origin, block)
-    return torch.from_numpy(out)
+    return on_device(torch.from_numpy(out))
 
 
 def iter_chunks(
@@ -160,7 +167,9 @@ def iter_chunks(
         y = (
             None
             if labels is None
-            else torch.from_numpy(np.asarray(labels[start : start + chunk_size], dtype=np.int64))
+            else on_device(
+                torch.from_numpy(np.asarray(labels[start : start + chunk_size], dtype=np.int64))
+            )
         )
         yield x, y
 

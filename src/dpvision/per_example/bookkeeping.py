@@ -49,7 +49,7 @@ from dpvision.per_example.layers import (
     claims,
     layer_terms,
 )
-from dpvision.per_example.reference import ClippedGradientSum, clipped_gradient_sum
+from dpvision.per_example.reference import ClippedGradientSum, autocast, clipped_gradient_sum
 from dpvision.per_example.tape import ActivationTape, UnsupportedError, tracked_layers
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -152,6 +152,7 @@ def _bookkeeping_sum(
     views: bool,
     mask: torch.Tensor | None,
     strategy: Strategy = "auto",
+    precision: torch.dtype | None = None,
 ) -> ClippedGradientSum:
     params = trainable_params(model)
     batch = inputs.shape[0]
@@ -169,7 +170,9 @@ def _bookkeeping_sum(
     verify = _first_use(model, flat)  # the call signature to verify, or None
     tape = ActivationTape(model, mode="edges")
     with tape.attached(), torch.enable_grad():
-        losses = loss_fn(model(flat), labels)
+        with autocast(flat.device, precision):
+            outputs = model(flat)
+        losses = loss_fn(outputs.float(), labels)
         if losses.dim() == 0 or losses.shape[0] != batch * k:
             raise UnsupportedError(
                 f"loss_fn returned shape {tuple(losses.shape)}; book-keeping needs one loss "
@@ -188,10 +191,15 @@ def _bookkeeping_sum(
         for path, module, calls in tape.calls():
             if any(n != batch * k for call in calls for n in tape.rows(module, call)):
                 raise UnsupportedError(f"layer {path or 'root'} did not see one row per view")
+            if precision is not None:  # norms and sums from the recorded values, in float32
+                calls = [_float32(call) for call in calls]
             with tape.paused():  # a rule that recomputes its layer must not be recorded
                 terms.append((path, layer_terms(module, calls, k, strategy)))
     if verify is not None:
-        reason = unclipped_mismatch(terms, dict(zip(names, grads[edges:], strict=True)), batch)
+        # Under autocast the parameters' own gradients were rounded to the low precision.
+        loose = 1.0 if precision is None else 20.0
+        true = dict(zip(names, grads[edges:], strict=True))
+        reason = unclipped_mismatch(terms, true, batch, tolerance=loose)
         if reason is not None:
             _VERDICTS[model][verify] = reason
             raise UnsupportedError(reason)
@@ -229,7 +237,11 @@ def _first_use(model: nn.Module, flat: torch.Tensor) -> Any:
 
 
 def unclipped_mismatch(
-    terms: list[tuple[str, LayerTerms]], true: Mapping[str, torch.Tensor | None], batch: int
+    terms: list[tuple[str, LayerTerms]],
+    true: Mapping[str, torch.Tensor | None],
+    batch: int,
+    *,
+    tolerance: float = 1.0,
 ) -> str | None:
     """Names a parameter whose recorded layer calls do not explain its whole gradient.
 
@@ -257,8 +269,10 @@ def unclipped_mismatch(
             grad = torch.zeros_like(ours)
         ours = torch.zeros_like(grad) if ours is None else ours.to(grad.dtype)
         error = float(torch.linalg.vector_norm(ours - grad))
-        tolerance = 1e-3 * float(torch.linalg.vector_norm(grad)) + 1e-4 * scales.get(name, 0.0)
-        if not error <= tolerance + 1e-6:
+        allowed = tolerance * (
+            1e-3 * float(torch.linalg.vector_norm(grad)) + 1e-4 * scales.get(name, 0.0)
+        )
+        if not error <= allowed + 1e-6:
             return (
                 f"parameter {name} gets gradient from outside its layer's forward (e.g. "
                 f"F.linear(x, layer.weight)), which per-layer clipping cannot see"
@@ -276,6 +290,7 @@ def clip_and_sum(
     views: bool = False,
     mask: torch.Tensor | None = None,
     method: ClippingMethod | str = ClippingMethod.AUTO,
+    precision: torch.dtype | None = None,
 ) -> ClippedGradientSum:
     """Σᵢ clip(gᵢ, C) by book-keeping or by the vmap reference; both give the same result.
 
@@ -291,6 +306,13 @@ def clip_and_sum(
       method: ``auto`` (book-keeping when :func:`supports_bookkeeping`, else vmap),
         ``bookkeeping`` (raises :class:`~dpvision.errors.DPVisionError` when unsupported) or
         ``vmap`` (:func:`~dpvision.per_example.reference.clipped_gradient_sum`).
+      precision: None (float32), or the dtype (``torch.bfloat16``) the model's forward and
+        backward passes run in under :func:`torch.autocast`. Everything privacy rests on
+        stays in float32: book-keeping upcasts the activations and output gradients the
+        layers recorded (exactly: every bfloat16 is a float32) before it computes the
+        per-example norms and the clipped sum, so each example's contribution is clipped
+        with the norm of that very contribution, and the vmap reference differentiates
+        the float32 parameters. The loss is computed in float32.
 
     Returns:
       The clipped sum, its sensitivity C, the counts, and the per-example norms.
@@ -323,13 +345,34 @@ def clip_and_sum(
                 max_grad_norm=max_grad_norm,
                 views=views,
                 mask=mask,
+                precision=precision,
             )
         except UnsupportedError as reason:
             if chosen is ClippingMethod.BOOKKEEPING:
                 raise DPVisionError(f"book-keeping clipping does not support {reason}") from None
+
     return clipped_gradient_sum(
-        model, loss_fn, inputs, targets, max_grad_norm=max_grad_norm, views=views, mask=mask
+        model,
+        loss_fn,
+        inputs,
+        targets,
+        max_grad_norm=max_grad_norm,
+        views=views,
+        mask=mask,
+        precision=precision,
     )
+
+
+def _float32(value: Any) -> Any:
+    """``value`` with every low-precision floating tensor in it upcast to float32 (exact)."""
+    if isinstance(value, torch.Tensor):
+        low = value.is_floating_point() and value.element_size() < 4
+        return value.float() if low else value
+    if isinstance(value, tuple | list):
+        return type(value)(_float32(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _float32(v) for k, v in value.items()}
+    return value
 
 
 def bookkeeping_clipped_gradient_sum(

@@ -10,8 +10,10 @@ This is the reference path: it materialises every gᵢ with ``vmap(grad(...))`` 
 of parameters memory). Faster norm-only paths must agree with it.
 """
 
+import contextlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.func import functional_call, grad, vmap
@@ -82,6 +84,7 @@ def clipped_gradient_sum(
     max_grad_norm: float,
     views: bool = False,
     mask: torch.Tensor | None = None,
+    precision: torch.dtype | None = None,
 ) -> ClippedGradientSum:
     """Clips each example's gradient to ``max_grad_norm`` and sums them.
 
@@ -94,6 +97,8 @@ def clipped_gradient_sum(
       max_grad_norm: C > 0.
       views: whether ``inputs`` carries a view dimension K.
       mask: optional (B,) booleans; rows that are false (padding) contribute nothing.
+      precision: None, or the autocast dtype of the model's forward (and so backward) pass;
+        the loss, the norms, the clip factors and the sum are float32 either way.
 
     Privacy:
       Releases nothing by itself. Its output has L2 sensitivity C under add/remove-one
@@ -108,7 +113,15 @@ def clipped_gradient_sum(
     batch = inputs if views else inputs.unsqueeze(1)
     keep = torch.ones(len(batch), dtype=torch.bool) if mask is None else mask.to(torch.bool)
     grads, norms, kept = functional_clipped_sum(
-        model, loss_fn, params, buffers, batch, targets, keep, max_grad_norm=max_grad_norm
+        model,
+        loss_fn,
+        params,
+        buffers,
+        batch,
+        targets,
+        keep,
+        max_grad_norm=max_grad_norm,
+        precision=precision,
     )
     return ClippedGradientSum(
         grads=grads,
@@ -129,6 +142,7 @@ def functional_clipped_sum(
     keep: torch.Tensor,
     *,
     max_grad_norm: float,
+    precision: torch.dtype | None = None,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
     """The pure core of :func:`clipped_gradient_sum`, safe to ``vmap`` over stacked models.
 
@@ -140,6 +154,7 @@ def functional_clipped_sum(
       targets: (B,) labels.
       keep: (B,) booleans; examples that are false contribute nothing (not sampled, padding).
       max_grad_norm: C.
+      precision: as in :func:`clipped_gradient_sum`.
 
     Returns:
       (Σᵢ cᵢgᵢ per parameter name, the norms ‖gᵢ‖ (B,), the examples that contributed (B,)).
@@ -150,10 +165,16 @@ def functional_clipped_sum(
     """
 
     def example_loss(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        out = functional_call(model, (p, buffers), (x,))
+        with autocast(x.device, precision):  # the forward alone in the low precision
+            out = functional_call(model, (p, buffers), (x,))
+        if precision is not None:
+            out = out.float()
         return loss_fn(out, y.expand(x.shape[0])).mean()  # mean over the K views
 
     per_example = vmap(grad(example_loss), in_dims=(None, 0, 0))(params, batch, targets)
+    # Under autocast a gradient may come back in the low precision: upcast it (exactly) to
+    # its parameter's dtype, so that its norm and the clipped sum are taken in float32.
+    per_example = {k: g.to(params[k].dtype) for k, g in per_example.items()}
     norms = torch.linalg.vector_norm(
         torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in per_example.values()]),
         dim=0,
@@ -166,3 +187,10 @@ def functional_clipped_sum(
         g = torch.where(kept.view(-1, *[1] * (g.dim() - 1)), g, 0.0)
         grads[name] = torch.tensordot(scale.to(g.dtype), g, dims=1)
     return grads, norms, kept
+
+
+def autocast(device: torch.device, precision: torch.dtype | None) -> Any:
+    """Autocast to ``precision`` on ``device``'s kind, or nothing (float32)."""
+    if precision is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=precision)

@@ -151,8 +151,10 @@ class _Run:
         settings = run_settings(config)
         workers.check_agree(fingerprint(settings), "the configuration")
         options = config.dpsgd
+        place = config.placement
         seeds = run_seeds(config.seed)
         data, preprocessing = load_inputs(config, options, seeds["preprocessing"], quiet)
+        data = data.to(place.device)
         num_train = len(data.train_y)
         if options.batch_size > num_train:
             raise DPVisionError(
@@ -163,7 +165,7 @@ class _Run:
             options.steps if options.steps is not None else math.ceil(options.epochs / sample_rate)
         )
         sigma = noise_multiplier_for(config, sample_rate, steps, data.ledger)
-        check_memory(options, data.train_x.shape[1:])
+        check_memory(options, data.train_x.shape[1:], place.device)
         plan = None
         if config.method == "dp-randp":
             plan = transfer_plan(config, options, data, sigma, sample_rate, steps, quiet)
@@ -172,6 +174,8 @@ class _Run:
         model, start = initial_model(
             config, options, data, plan, quiet, settings["learner"].get("init_sha256")
         )
+        model = model.to(place.device)  # before the optimizer and the EMA take its tensors
+        start.update(device=place.describe(), precision=place.precision)
         state = TrainingState(
             model=model,
             optimizer=phase_optimizer(options, model, plan, 0),
@@ -182,7 +186,7 @@ class _Run:
                 steps=steps,
                 seed=seeds["sampler"],
             ),
-            noise=torch.Generator().manual_seed(seeds["noise"]),
+            noise=place.generator(seeds["noise"]),  # on the device, checkpointed
             augment=torch.Generator().manual_seed(seeds["augment"]),
             ledger=data.ledger,
         )
@@ -201,6 +205,7 @@ class _Run:
             normalize_update=options.normalize_update,
             workers=workers,
             ema=state.ema,
+            precision=place.compute_dtype,
         )
         run = cls(
             config=config,
@@ -224,7 +229,8 @@ class _Run:
             f"on {num_train} examples: {steps} steps at q = {sample_rate:.4g}, σ = {sigma:.4g}, "
             f"C = {options.max_grad_norm:g}"
             + (f", augmult K = {options.augmult}" if options.augmult else ", no augmult")
-            + (f", {workers.world_size} processes" if workers.distributed else ""),
+            + (f", {workers.world_size} processes" if workers.distributed else "")
+            + f", on {place.describe()}",
             quiet,
         )
         return run
@@ -314,7 +320,7 @@ class _Run:
             pixel_mean=None if mean is None else tuple(mean),
             pixel_std=None if std is None else tuple(std),
             input_shape=tuple(int(v) for v in self.data.train_x.shape[1:]),
-            network=model.eval(),
+            network=model.eval().cpu(),  # the saved model is read on any machine
             model_name=self.options.model,
             groups=self.options.groups,
             batchnorm=self.options.batchnorm_mode,

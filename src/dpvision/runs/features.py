@@ -79,7 +79,10 @@ def run_features(
             quiet,
         )
         # Under torchrun rank 0 extracts and caches the features, then the others read them.
-        train, test = workers.main_first(lambda: load_or_extract(dataset, spec, progress=not quiet))
+        device = str(config.placement.device)
+        train, test = workers.main_first(
+            lambda: load_or_extract(dataset, spec, progress=not quiet, device=device)
+        )
         channels = _channels(config, dataset, spec)
     say(
         f"training {config.method} on {train.shape[1]} features "
@@ -128,6 +131,7 @@ def run_features(
         "seed": config.seed,
         "wall_seconds": time.perf_counter() - start,
         "world_size": workers.world_size,
+        "device": config.placement.describe(),
         "epsilon_zcdp": _zcdp_figure(learner.privacy_ledger_, config.delta),
         "privacy_ledger": learner.privacy_ledger_.to_dict()["entries"],
         "config": config.to_dict(),
@@ -196,6 +200,7 @@ def fit_learner(
         accountant=config.accountant,
         random_state=learner_seed,
         num_classes=num_classes,
+        device=str(config.placement.device),
         **config.learner,
     )
     try:

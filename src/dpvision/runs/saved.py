@@ -33,6 +33,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as save_safetensors
 from torch import nn
 
+from dpvision.devices import resolve_device
 from dpvision.errors import DPVisionError
 from dpvision.features import encoder_digest, extract_features, parse_feature_spec
 from dpvision.features.backbone import feature_source
@@ -94,6 +95,15 @@ class TrainedModel:
     batchnorm: str | None = None
     encoder_sha256: str | None = None
     class_names: tuple[str, ...] | None = None
+    device: torch.device = dataclasses.field(default_factory=lambda: torch.device("cpu"))
+
+    def to(self, device: str | torch.device) -> "TrainedModel":
+        """Computes scores (and features) on ``device`` (``auto``, ``cpu``, ``cuda``,
+        ``cuda:N``) from now on; returns the model itself."""
+        self.device = resolve_device(device)
+        if self.network is not None:
+            self.network.to(self.device)
+        return self
 
     @property
     def epsilon(self) -> float:
@@ -152,16 +162,17 @@ class TrainedModel:
     @torch.no_grad()
     def _scores(self, batch: np.ndarray) -> np.ndarray:
         if self.features == "pixels" and self.network is not None:
-            x = torch.from_numpy(np.ascontiguousarray(batch)).permute(0, 3, 1, 2).float() / 255
+            x = torch.from_numpy(np.ascontiguousarray(batch)).to(self.device)
+            x = x.permute(0, 3, 1, 2).float() / 255
             if self.pixel_mean is not None and self.pixel_std is not None:
-                mean = torch.tensor(self.pixel_mean).view(-1, 1, 1)
-                x = (x - mean) / torch.tensor(self.pixel_std).view(-1, 1, 1)
+                mean = torch.tensor(self.pixel_mean, device=self.device).view(-1, 1, 1)
+                x = (x - mean) / torch.tensor(self.pixel_std, device=self.device).view(-1, 1, 1)
         else:
             if self.image_shape is None:
                 features = np.asarray(batch, dtype=np.float32)
             else:
                 spec = parse_feature_spec(self.features)
-                features = extract_features(batch, spec, progress=False)
+                features = extract_features(batch, spec, progress=False, device=str(self.device))
             if self.preprocessing is not None:
                 features = self.preprocessing.transform(np.asarray(features))
             if self.network is None:
@@ -172,7 +183,7 @@ class TrainedModel:
             assert self.input_shape is not None
             x = torch.from_numpy(np.asarray(features, dtype=np.float32)).view(-1, *self.input_shape)
         assert self.network is not None
-        return self.network(x).double().numpy()
+        return self.network(x.to(self.device)).double().cpu().numpy()
 
     # --- the file ------------------------------------------------------------------------
 

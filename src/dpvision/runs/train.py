@@ -170,4 +170,6 @@ def summary(result: dict[str, Any]) -> str:
         f"privacy: {privacy}\n"
         f"{_phases_note(result)}"
         f"wall time {result['wall_seconds']:.1f} s"
+        + (f" on {result['device']}" if result.get("device") else "")
+        + (f", {result['precision']}" if result.get("precision", "fp32") != "fp32" else "")
     )

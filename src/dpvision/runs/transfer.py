@@ -112,6 +112,12 @@ def _phase_one(
             "pretrain` first (or this run without torchrun once), then set learner.encoder "
             f"to the encoder file, on every machine (this run's would be {path})"
         )
-    summary = pretrain(pretrain_options, path, checkpoint=path.with_suffix(".ckpt"), quiet=quiet)
+    summary = pretrain(
+        pretrain_options,
+        path,
+        checkpoint=path.with_suffix(".ckpt"),
+        quiet=quiet,
+        device=config.placement.device,
+    )
     path.with_suffix(".ckpt").unlink(missing_ok=True)
     return path, {"cached": False, **summary}

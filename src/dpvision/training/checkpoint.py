@@ -1,7 +1,9 @@
 """DP-SGD checkpoints: the whole training state, written atomically, resumed bit for bit.
 
 A checkpoint holds the model, the optimizer, the EMA, the sampler's RNG, the noise and
-augmentation generators, the evaluation history and the ledger. A run killed at any point
+augmentation generators, the evaluation history and the ledger. The noise generator lives
+on the run's device; its state is resumed on a device of the same kind (a CUDA generator's
+stream does not continue on the CPU), and the tensors on any device. A run killed at any point
 and resumed from its checkpoint ends with the same parameters and the same ledger as an
 uninterrupted run. A checkpoint written by another configuration (another ``fingerprint``
 of the settings that change the run) is refused, naming the settings that differ.
@@ -67,6 +69,7 @@ def save_checkpoint(path: Path, state: TrainingState, settings: dict[str, Any]) 
         "ema": None if state.ema is None else state.ema.state_dict(),
         "sampler": state.sampler.state_dict(),
         "noise": state.noise.get_state(),
+        "noise_device": state.noise.device.type,
         "augment": state.augment.get_state(),
         "history": list(state.history),
         "ledger": state.ledger.to_json(),
@@ -110,6 +113,13 @@ def resume(
             f"checkpoint {path} was written by a different configuration (differs in: "
             f"{', '.join(differ) or 'unknown'}); resume with the same config, or give another "
             "--checkpoint path (the existing file is left untouched)"
+        )
+    written_on = payload.get("noise_device", "cpu")
+    if written_on != state.noise.device.type:
+        raise DPVisionError(
+            f"checkpoint {path} was written with the noise generator on {written_on}; resume "
+            f"it with --device {written_on} (a {written_on} generator's stream cannot go on "
+            f"on {state.noise.device.type}; the file is left untouched)"
         )
     state.model.load_state_dict(payload["model"])
     state.sampler.load_state_dict(payload["sampler"])

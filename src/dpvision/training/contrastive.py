@@ -42,8 +42,11 @@ def align_uniform_loss(
     return alignment(x, y, alpha) + (uniformity(x, t) + uniformity(y, t)) / 2
 
 
-def _uniform(n: int, low: float, high: float, generator: torch.Generator) -> torch.Tensor:
-    return low + (high - low) * torch.rand(n, generator=generator)
+def _uniform(
+    n: int, low: float, high: float, generator: torch.Generator, device: torch.device
+) -> torch.Tensor:
+    # Drawn on the generator's device (the CPU: its state is checkpointed), used on ``device``.
+    return (low + (high - low) * torch.rand(n, generator=generator)).to(device)
 
 
 def random_resized_crop(
@@ -54,15 +57,15 @@ def random_resized_crop(
 ) -> torch.Tensor:
     """A random crop of each image (area fraction in ``scale``, aspect ratio in ``ratio``,
     log-uniform), resized back to the input size with bilinear sampling."""
-    n = images.shape[0]
-    area = _uniform(n, *scale, generator)
-    log_ratio = _uniform(n, math.log(ratio[0]), math.log(ratio[1]), generator)
+    n, device = images.shape[0], images.device
+    area = _uniform(n, *scale, generator, device)
+    log_ratio = _uniform(n, math.log(ratio[0]), math.log(ratio[1]), generator, device)
     aspect = log_ratio.exp()
     width = (area * aspect).sqrt().clamp(max=1.0)  # fractions of the image side
     height = (area / aspect).sqrt().clamp(max=1.0)
-    cx = (torch.rand(n, generator=generator) * 2 - 1) * (1 - width)
-    cy = (torch.rand(n, generator=generator) * 2 - 1) * (1 - height)
-    theta = torch.zeros(n, 2, 3)
+    cx = (_uniform(n, 0, 1, generator, device) * 2 - 1) * (1 - width)
+    cy = (_uniform(n, 0, 1, generator, device) * 2 - 1) * (1 - height)
+    theta = torch.zeros(n, 2, 3, device=device)
     theta[:, 0, 0], theta[:, 0, 2] = width, cx
     theta[:, 1, 1], theta[:, 1, 2] = height, cy
     grid = F.affine_grid(theta, list(images.shape), align_corners=False)
@@ -72,7 +75,8 @@ def random_resized_crop(
 def _gray(images: torch.Tensor) -> torch.Tensor:
     if images.shape[1] == 1:
         return images
-    weights = torch.tensor([0.299, 0.587, 0.114], dtype=images.dtype).view(1, 3, 1, 1)
+    weights = torch.tensor([0.299, 0.587, 0.114], dtype=images.dtype, device=images.device)
+    weights = weights.view(1, 3, 1, 1)
     return (images * weights).sum(dim=1, keepdim=True)
 
 
@@ -86,21 +90,22 @@ def color_jitter(
 ) -> torch.Tensor:
     """Random brightness, contrast, saturation (RGB) and hue (RGB, a rotation of the YIQ
     chroma plane by up to ±hue·360°) of images in [0, 1]; clipped to [0, 1]."""
-    n = images.shape[0]
+    n, device = images.shape[0], images.device
     shape = (n, 1, 1, 1)
-    out = images * _uniform(n, 1 - brightness, 1 + brightness, generator).view(shape)
+    out = images * _uniform(n, 1 - brightness, 1 + brightness, generator, device).view(shape)
     mean = _gray(out).mean(dim=(1, 2, 3), keepdim=True)
-    factor = _uniform(n, 1 - contrast, 1 + contrast, generator).view(shape)
+    factor = _uniform(n, 1 - contrast, 1 + contrast, generator, device).view(shape)
     out = (mean + factor * (out - mean)).clamp(0, 1)
     if images.shape[1] == 3:
-        factor = _uniform(n, 1 - saturation, 1 + saturation, generator).view(shape)
+        factor = _uniform(n, 1 - saturation, 1 + saturation, generator, device).view(shape)
         gray = _gray(out)
         out = (gray + factor * (out - gray)).clamp(0, 1)
-        angle = _uniform(n, -hue, hue, generator) * 2 * math.pi
+        angle = _uniform(n, -hue, hue, generator, device) * 2 * math.pi
         to_yiq = torch.tensor(
-            [[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]]
+            [[0.299, 0.587, 0.114], [0.596, -0.274, -0.322], [0.211, -0.523, 0.312]],
+            device=device,
         )
-        rotation = torch.zeros(n, 3, 3)
+        rotation = torch.zeros(n, 3, 3, device=device)
         rotation[:, 0, 0] = 1
         rotation[:, 1, 1], rotation[:, 1, 2] = angle.cos(), -angle.sin()
         rotation[:, 2, 1], rotation[:, 2, 2] = angle.sin(), angle.cos()
@@ -112,10 +117,10 @@ def color_jitter(
 def contrastive_views(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One random view of each image in [0, 1] (N, C, H, W): crop, flip, jitter, grayscale."""
     out = random_resized_crop(images, generator)
-    flip = torch.rand(len(out), generator=generator) < 0.5
+    flip = _uniform(len(out), 0, 1, generator, out.device) < 0.5
     out = torch.where(flip.view(-1, 1, 1, 1), out.flip(-1), out)
     out = color_jitter(out, generator)
     if out.shape[1] == 3:
-        gray = torch.rand(len(out), generator=generator) < 0.2
+        gray = _uniform(len(out), 0, 1, generator, out.device) < 0.2
         out = torch.where(gray.view(-1, 1, 1, 1), _gray(out).expand_as(out), out)
     return out

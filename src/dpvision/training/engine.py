@@ -218,6 +218,9 @@ class DPSGDStep:
         ``vmap``. All give the same clipped sum.
       normalize_update: see :class:`GradientRelease`.
       ema: a parameter average of ``model`` to update after each step.
+      precision: the autocast dtype of the forward and backward passes (``torch.bfloat16``)
+        or None (float32). Per-example norms, clip factors, the clipped sum and the noise
+        are float32 either way (:func:`~dpvision.per_example.clip_and_sum`).
 
     Privacy:
       Each call releases Σᵢ clip(gᵢ, C) + N(0, (σC)² I) over the examples of one Poisson
@@ -244,6 +247,7 @@ class DPSGDStep:
         normalize_update: bool = False,
         workers: Workers | None = None,
         ema: ParameterEMA | None = None,
+        precision: torch.dtype | None = None,
     ) -> None:
         if clipping not in CLIPPING_METHODS:
             raise DPVisionError(
@@ -258,7 +262,7 @@ class DPSGDStep:
         self.model, self.optimizer, self.loss_fn = model, optimizer, loss_fn
         self.max_grad_norm = max_grad_norm
         self.ledger, self.generator, self.views = ledger, generator, views
-        self.clipping, self.ema = clipping, ema
+        self.clipping, self.ema, self.precision = clipping, ema, precision
         self.workers = workers or Workers()
 
     def __call__(self, micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -281,6 +285,7 @@ class DPSGDStep:
                     max_grad_norm=self.max_grad_norm,
                     views=self.views,
                     method=self.clipping,
+                    precision=self.precision,
                 )
             )
         noisy_step(

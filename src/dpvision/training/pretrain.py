@@ -261,6 +261,7 @@ def pretrain(
     *,
     checkpoint: str | Path | None = None,
     quiet: bool = False,
+    device: torch.device | None = None,
 ) -> dict[str, Any]:
     """Runs Phase I and writes the encoder file ``out``; returns a summary dict.
 
@@ -269,6 +270,8 @@ def pretrain(
       out: the encoder file to write (atomically).
       checkpoint: resumed from when it exists; written every ``checkpoint_every`` steps.
       quiet: no progress on stderr.
+      device: where the networks train (default: the CPU). The views' random draws come
+        from a CPU generator whatever the device, so a checkpoint resumes on any device.
 
     Privacy: reads synthetic images only; releases nothing about any private data.
     """
@@ -283,6 +286,8 @@ def pretrain(
     with torch.no_grad():
         width = int(body.eval()(torch.zeros(1, *shape)).shape[1])
     projection = ProjectionHead(width, options.projection_hidden, options.projection_dim)
+    device = device or torch.device("cpu")
+    body, projection = body.to(device), projection.to(device)
     params = list(body.parameters()) + list(projection.parameters())
     optimizer = torch.optim.SGD(
         params,
@@ -309,7 +314,7 @@ def pretrain(
         step = run.step
         for group in optimizer.param_groups:
             group["lr"] = learning_rate_at(options, step)
-        batch = images_to_tensor(images.batch(step))
+        batch = images_to_tensor(images.batch(step)).to(device, non_blocking=True)
         x = info.normalize(contrastive_views(batch, views))
         y = info.normalize(contrastive_views(batch, views))
         z = projection(body(torch.cat([x, y])))
@@ -351,7 +356,7 @@ def pretrain(
         "wall_seconds": wall,  # of this process (after a resume: of the resumed part)
     }
     info = dataclasses.replace(info, metadata=metadata)
-    save_encoder(out, body, info)
+    save_encoder(out, body.cpu(), info)
     return {"encoder": str(out), **metadata}
 
 

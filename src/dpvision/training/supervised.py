@@ -225,8 +225,11 @@ def pretrain_supervised(
     *,
     checkpoint: str | Path | None = None,
     quiet: bool = False,
+    device: torch.device | None = None,
 ) -> dict[str, Any]:
-    """Trains ``options.model`` on the public images and writes the file ``out``.
+    """Trains ``options.model`` on the public images and writes the file ``out``, on
+    ``device`` (default: the CPU; the crops' random draws stay on a CPU generator, so a
+    checkpoint resumes on any device).
 
     Returns a summary: the data trained on, steps, the final loss (mean of the last
     steps), the accuracy on the dataset's test set, wall time.
@@ -250,14 +253,16 @@ def pretrain_supervised(
             f"pretrain.batch_size {options.batch_size} exceeds the {len(rows)} public images"
         )
     images = dataset.train_images
-    inputs = lazy_pixel_inputs(images[rows], dataset.name, options.normalization)
-    targets = torch.as_tensor(labels[rows], dtype=torch.long)
+    device = device or torch.device("cpu")
+    inputs = lazy_pixel_inputs(images[rows], dataset.name, options.normalization).to(device)
+    targets = torch.as_tensor(labels[rows], dtype=torch.long).to(device)
     per_epoch = math.ceil(len(rows) / options.batch_size)
     steps = options.steps or math.ceil((options.epochs or 0) * per_epoch)
     shape = tuple(int(v) for v in inputs.shape[1:])
     seeds = _seeds(options.seed)
     torch.manual_seed(seeds["init"])
     model = build_network(options.model, shape, dataset.num_classes, groups=options.groups)
+    model = model.to(device)
     optimizer = torch.optim.SGD(
         model.parameters(),
         lr=options.learning_rate,
@@ -329,7 +334,7 @@ def pretrain_supervised(
         ):
             session.save(Path(checkpoint))
     model.eval()
-    test_accuracy = _accuracy(model, dataset, options.normalization)
+    test_accuracy = _accuracy(model, dataset, options.normalization, device)
     mean, std = (
         DATASET_STATISTICS[dataset.name]
         if options.normalization == "dataset"
@@ -358,15 +363,17 @@ def pretrain_supervised(
         tuple(std),
         metadata,  # type: ignore[arg-type]
     )
-    save_encoder(out, model, info)
+    save_encoder(out, model.cpu(), info)
     return {"encoder": str(out), **metadata}
 
 
 @torch.no_grad()
-def _accuracy(model: torch.nn.Module, dataset: Any, normalization: str) -> float:
+def _accuracy(
+    model: torch.nn.Module, dataset: Any, normalization: str, device: torch.device
+) -> float:
     """Accuracy on the dataset's test set (a held-out statistic, as any test accuracy)."""
-    inputs = lazy_pixel_inputs(dataset.test_images, dataset.name, normalization)
-    labels = torch.as_tensor(np.asarray(dataset.test_labels), dtype=torch.long)
+    inputs = lazy_pixel_inputs(dataset.test_images, dataset.name, normalization).to(device)
+    labels = torch.as_tensor(np.asarray(dataset.test_labels), dtype=torch.long).to(device)
     correct = 0
     for begin in range(0, len(labels), 1024):
         index = torch.arange(begin, min(begin + 1024, len(labels)))

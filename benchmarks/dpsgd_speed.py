@@ -48,14 +48,29 @@ the difference is what the step itself added. On CUDA it is ``torch.cuda.max_mem
 over the steps. ``--no-isolation`` runs every row in this process instead (faster, for smoke
 tests): CPU peaks are then the process's running peak and are marked as not per row.
 
+* ``gpu`` (``--only gpu``, for an accelerator): the seed-003 setting of Table 13, WRN-16-4
+  on 3×32×32 at B = 4096 with K = 16 views, and the ViT and ConvNeXt models at B = 1024; with
+  ``--physical-batch auto`` (its default) each row probes the largest micro-batch that fits
+  (halving from B on out-of-memory; recorded per row). The WRN row also shows the projected
+  wall time of the full run (875 logical steps). The result files are named after the device
+  (``dpsgd_speed_gpu_<device>.*``), and the report states the targets (≤ 1.3× non-private,
+  faster than Opacus) and whether each configuration meets them.
+
+``--precision bf16`` runs forward and backward of every row under autocast (dpvision keeps
+per-example norms, clipping and noise in float32; Opacus rows get the same autocast).
+
 Run (on a quiet machine; several minutes per WRN row on 2 CPU cores):
     python benchmarks/dpsgd_speed.py                    # -> benchmarks/results/dpsgd_speed.*
     python benchmarks/dpsgd_speed.py --device cuda --wrn-physical-batch 256
+The accelerator table (one command; run it where a GPU is):
+    python benchmarks/dpsgd_speed.py --only gpu --device cuda  # -> dpsgd_speed_gpu_<gpu>.*
 Smoke run (tiny models, 2 steps; writes dpsgd_speed_quick.*, marked QUICK):
     python benchmarks/dpsgd_speed.py --quick
 """
 
 import argparse
+import contextlib
+import gc
 import importlib.metadata
 import importlib.util
 import json
@@ -70,7 +85,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +118,9 @@ LABELS = {
     "opacus-ghost-views-as-examples": "Opacus ghost, B·K views as examples (different)",
 }
 VIEWS_AS_EXAMPLES = "-views-as-examples"
-ONLY = ("cnn", "wrn", "vit", "convnext")
+ONLY = ("cnn", "wrn", "vit", "convnext", "gpu")
+FULL_RUN_STEPS = 875  # seed 003, Table 13: WRN-16-4 on CIFAR-10, B = 4096, K = 16
+AUTO = 0  # physical_batch: probe the largest micro-batch that fits
 _START = time.perf_counter()
 
 
@@ -123,8 +140,11 @@ class Setup:
       image_shape: (C, H, W).
       batch_size: B, examples per logical step.
       views: K, augmented views per example (1: inputs (B, C, H, W); K > 1: (B, K, C, H, W)).
-      physical_batch: examples per micro-batch (B: no split).
+      physical_batch: examples per micro-batch (B: no split; ``AUTO``: the largest that
+        fits, probed by each row).
       num_examples: N of the dataset, for q = B/N.
+      full_run_steps: logical steps of the published run this setting comes from (its
+        projected wall time is reported), or None.
     """
 
     name: str
@@ -135,10 +155,13 @@ class Setup:
     views: int
     physical_batch: int
     num_examples: int
+    full_run_steps: int | None = None
 
     @property
     def micro_batches(self) -> int:
-        """Micro-batches per logical step."""
+        """Micro-batches per logical step (0 while the size is still to be probed)."""
+        if self.physical_batch == AUTO:
+            return 0
         return -(-self.batch_size // self.physical_batch)
 
 
@@ -223,6 +246,8 @@ def setups(args: argparse.Namespace) -> list[Setup]:
             num_examples=50_000,
         ),
     ]
+    if args.only == "gpu":
+        return gpu_setups(args)
     chosen = {
         "cnn": [cnn],
         "wrn": wrn,
@@ -231,6 +256,51 @@ def setups(args: argparse.Namespace) -> list[Setup]:
         None: [cnn, *wrn, *transformers],
     }
     return chosen[args.only]
+
+
+def gpu_setups(args: argparse.Namespace) -> list[Setup]:
+    """The accelerator table: seed 003's WRN-16-4 at B = 4096, K = 16, and the ViT and
+    ConvNeXt models at B = 1024 (tiny versions with ``--quick``)."""
+    physical = AUTO if args.physical_batch == "auto" else int(args.physical_batch)
+    quick = args.quick
+    batch = 8 if quick else 1024
+    return [
+        Setup(
+            name="seed003",
+            description=(
+                "QUICK: WRN-10-1, 3×32×32, B = 8, K = 2"
+                if quick
+                else "Seed 003, Table 13: WRN-16-4, 3×32×32, B = 4096, K = 16"
+            ),
+            model="wrn-10-1" if quick else "wrn-16-4",
+            image_shape=(3, 32, 32),
+            batch_size=8 if quick else 4096,
+            views=2 if quick else 16,
+            physical_batch=physical,
+            num_examples=50_000,
+            full_run_steps=FULL_RUN_STEPS,
+        ),
+        Setup(
+            name="vit",
+            description=f"{'QUICK: ' if quick else ''}ViT-Tiny-like, 3×32×32, B = {batch}",
+            model="vit-1" if quick else "vit-6",
+            image_shape=(3, 32, 32),
+            batch_size=batch,
+            views=1,
+            physical_batch=physical,
+            num_examples=50_000,
+        ),
+        Setup(
+            name="convnext",
+            description=f"{'QUICK: ' if quick else ''}ConvNeXt-like, 3×32×32, B = {batch}",
+            model="convnext-1" if quick else "convnext-4",
+            image_shape=(3, 32, 32),
+            batch_size=batch,
+            views=1,
+            physical_batch=physical,
+            num_examples=50_000,
+        ),
+    ]
 
 
 def build_model(name: str) -> torch.nn.Module:
@@ -310,8 +380,20 @@ def split(
     return list(zip(inputs.split(size), targets.split(size), strict=True))
 
 
+def autocast(device: torch.device, precision: torch.dtype | None) -> Any:
+    """Autocast to ``precision`` (None: float32, no autocast)."""
+    if precision is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=precision)
+
+
 def non_private_step(
-    model: torch.nn.Module, inputs: torch.Tensor, targets: torch.Tensor, setup: Setup, lr: float
+    model: torch.nn.Module,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    setup: Setup,
+    lr: float,
+    precision: torch.dtype | None = None,
 ) -> Callable[[], None]:
     """Mean cross-entropy over all B·K input rows, accumulated over micro-batches, SGD step."""
     optimizer = torch.optim.SGD(model.parameters(), lr=lr)
@@ -323,7 +405,9 @@ def non_private_step(
 
     def step() -> None:
         for x, y in parts:
-            loss = F.cross_entropy(model(x), y, reduction="sum") / rows
+            with autocast(x.device, precision):
+                out = model(x)
+            loss = F.cross_entropy(out.float(), y, reduction="sum") / rows
             loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -341,6 +425,7 @@ def dpvision_step(
     lr: float,
     noise_multiplier: float,
     seed: int,
+    precision: torch.dtype | None = None,
 ) -> tuple[Callable[[], None], str]:
     """One :class:`dpvision.training.DPSGDStep` logical step with ``clipping``, and its path."""
     from dpvision.accounting import PrivacyLedger
@@ -358,6 +443,7 @@ def dpvision_step(
         generator=torch.Generator(device=inputs.device).manual_seed(seed),
         views=setup.views > 1,
         clipping=clipping,
+        precision=precision,
     )
     parts = split(inputs, targets, setup.physical_batch)
     return (lambda: engine(parts)), f"DPSGDStep(clipping={clipping!r})"
@@ -373,6 +459,7 @@ def opacus_step(
     lr: float,
     noise_multiplier: float,
     seed: int,
+    precision: torch.dtype | None = None,
 ) -> tuple[Callable[[], None], str]:
     """One Opacus logical step (``mode`` "hooks" or "ghost"), virtual steps over micro-batches.
 
@@ -421,7 +508,9 @@ def opacus_step(
 
     def step() -> None:
         for index, (x, y) in enumerate(parts):
-            loss = criterion(private_model(x), y)
+            with autocast(x.device, precision):
+                out = private_model(x)
+            loss = criterion(out.float(), y)
             loss.backward()
             if len(parts) > 1:
                 dp_optimizer.signal_skip_step(do_skip=index < len(parts) - 1)
@@ -441,10 +530,12 @@ def make_step(
     lr: float = LEARNING_RATE,
     noise_multiplier: float = NOISE_MULTIPLIER,
     seed: int = SEED,
+    precision: torch.dtype | None = None,
 ) -> tuple[Callable[[], None], str]:
     """The closure that runs one logical step of ``row`` on the fixed batch, and its path."""
     if row == NON_PRIVATE:
-        return non_private_step(model, inputs, targets, setup, lr), "forward + backward + SGD"
+        step = non_private_step(model, inputs, targets, setup, lr, precision)
+        return step, "forward + backward + SGD"
     if row.startswith("dpvision-"):
         clipping = row.removeprefix("dpvision-")
         return dpvision_step(
@@ -456,6 +547,7 @@ def make_step(
             lr=lr,
             noise_multiplier=noise_multiplier,
             seed=seed,
+            precision=precision,
         )
     if row.startswith("opacus-"):
         mode = row.removeprefix("opacus-").removesuffix(VIEWS_AS_EXAMPLES)
@@ -468,6 +560,7 @@ def make_step(
             lr=lr,
             noise_multiplier=noise_multiplier,
             seed=seed,
+            precision=precision,
         )
     raise ValueError(f"unknown row {row!r}")
 
@@ -484,35 +577,73 @@ def resident_mb() -> float:
     return float("nan")
 
 
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    return isinstance(error, torch.OutOfMemoryError) or "out of memory" in str(error)
+
+
+def _sizes(setup: Setup) -> list[int]:
+    """The micro-batch sizes to try: the setup's, or B, B/2, … 1 when it is ``AUTO``."""
+    if setup.physical_batch != AUTO:
+        return [setup.physical_batch]
+    sizes, size = [], setup.batch_size
+    while size >= 1:
+        sizes.append(size)
+        size //= 2
+    return sizes
+
+
 def run_row(
-    setup: Setup, row: str, *, steps: int, warmup: int, device: str, threads: int | None
+    setup: Setup,
+    row: str,
+    *,
+    steps: int,
+    warmup: int,
+    device: str,
+    threads: int | None,
+    precision: str = "fp32",
 ) -> dict[str, Any]:
-    """Builds the model and batch, runs ``warmup`` + ``steps`` logical steps, times each."""
+    """Builds the model and batch, runs ``warmup`` + ``steps`` logical steps, times each.
+
+    With ``setup.physical_batch == AUTO`` the first warm-up step also probes the micro-batch
+    size: the largest of B, B/2, … whose step runs without running out of memory.
+    """
     if threads is not None:
         torch.set_num_threads(threads)
-    torch.manual_seed(SEED)  # the same initialisation in every row
-    model = build_model(setup.model).to(device)
     inputs, targets = make_batch(setup, seed=SEED + 1, device=device)
-    step, path = make_step(row, setup, model, inputs, targets)
     cuda = device.startswith("cuda")
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        before_mb = torch.cuda.memory_allocated() / 2**20
-    else:
-        before_mb = resident_mb()
-    seconds = []
-    for index in range(warmup + steps):
+    dtype = PRECISIONS[precision]
+    seconds: list[float] = []
+    for size in _sizes(setup):
+        trial = replace(setup, physical_batch=size)
+        torch.manual_seed(SEED)  # the same initialisation in every row and trial
+        model = build_model(setup.model).to(device)
+        step, path = make_step(row, trial, model, inputs, targets, precision=dtype)
         if cuda:
             torch.cuda.synchronize()
-        started = time.perf_counter()
-        step()
-        if cuda:
-            torch.cuda.synchronize()
-        if index >= warmup:
-            seconds.append(time.perf_counter() - started)
+            torch.cuda.reset_peak_memory_stats()
+            before_mb = torch.cuda.memory_allocated() / 2**20
+        else:
+            before_mb = resident_mb()
+        try:
+            seconds = _timed(step, warmup + steps, cuda)
+            break
+        except RuntimeError as error:
+            if not (_out_of_memory(error) and setup.physical_batch == AUTO and size > 1):
+                raise
+            del step, model
+            gc.collect()
+            if cuda:
+                torch.cuda.empty_cache()
+            log(f"{setup.name} / {row}: micro-batch {size} does not fit; trying {size // 2}")
+    seconds = seconds[warmup:]
     result: dict[str, Any] = {
         "path": path,
+        "physical_batch": trial.physical_batch,
+        "micro_batches": trial.micro_batches,
+        "precision": precision,
         "seconds": seconds,
         "median_s": statistics.median(seconds),
         "min_s": min(seconds),
@@ -531,8 +662,29 @@ def run_row(
     return result
 
 
+def _timed(step: Callable[[], None], count: int, cuda: bool) -> list[float]:
+    """Seconds of each of ``count`` calls of ``step`` (synchronised on CUDA)."""
+    seconds = []
+    for _ in range(count):
+        if cuda:
+            torch.cuda.synchronize()
+        started = time.perf_counter()
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - started)
+    return seconds
+
+
 def run_isolated(
-    setup: Setup, row: str, *, steps: int, warmup: int, device: str, threads: int | None
+    setup: Setup,
+    row: str,
+    *,
+    steps: int,
+    warmup: int,
+    device: str,
+    threads: int | None,
+    precision: str = "fp32",
 ) -> dict[str, Any]:
     """:func:`run_row` in a child process; its peak RSS comes from ``os.wait4``."""
     spec = {
@@ -542,6 +694,7 @@ def run_isolated(
         "warmup": warmup,
         "device": device,
         "threads": threads,
+        "precision": precision,
     }
     with tempfile.TemporaryDirectory(prefix="dpsgd-speed-") as folder:
         result_path, stderr_path = Path(folder) / "result.json", Path(folder) / "stderr.txt"
@@ -592,6 +745,7 @@ def worker(spec_json: str) -> int:
         warmup=spec["warmup"],
         device=spec["device"],
         threads=spec["threads"],
+        precision=spec["precision"],
     )
     Path(spec["result_path"]).write_text(json.dumps(result))
     return 0
@@ -620,6 +774,7 @@ def run_setup(setup: Setup, rows: tuple[str, ...], args: argparse.Namespace) -> 
             "warmup": args.warmup,
             "device": args.device,
             "threads": args.threads,
+            "precision": args.precision,
         }
         try:
             measured = (
@@ -644,6 +799,8 @@ def run_setup(setup: Setup, rows: tuple[str, ...], args: argparse.Namespace) -> 
     for entry in results:
         if baseline is not None and entry["status"] == "ok":
             entry["time_ratio"] = entry["median_s"] / baseline["median_s"]
+            if setup.full_run_steps:
+                entry["projected_full_run_hours"] = entry["median_s"] * setup.full_run_steps / 3600
             if per_row_memory:
                 entry["memory_ratio"] = entry["peak_memory_mb"] / baseline["peak_memory_mb"]
                 entry["added_memory_ratio"] = _added_mb(entry) / max(_added_mb(baseline), 1e-9)
@@ -692,6 +849,11 @@ def machine_info(args: argparse.Namespace) -> dict[str, Any]:
     return info
 
 
+def device_slug(name: str) -> str:
+    """``NVIDIA H100 80GB HBM3`` → ``nvidia-h100-80gb-hbm3`` (for file names)."""
+    return "-".join("".join(c if c.isalnum() else " " for c in name.lower()).split())
+
+
 def _cell(value: float | None, fmt: str) -> str:
     return "—" if value is None else format(value, fmt)
 
@@ -701,7 +863,8 @@ def markdown(result: dict[str, Any]) -> str:
     mach, p = result["machine"], result["parameters"]
     cuda = mach["device"].startswith("cuda")
     memory = "peak CUDA MB" if cuda else "peak RSS MB"
-    lines = ["# DP-SGD speed: time per logical step and peak memory", ""]
+    device = mach.get("gpu") or mach["device"]
+    lines = [f"# DP-SGD speed: time per logical step and peak memory ({device})", ""]
     if result["quick"]:
         lines += [
             "**QUICK SMOKE RUN (`--quick`): tiny models and 2 steps. These numbers only show "
@@ -713,7 +876,12 @@ def markdown(result: dict[str, Any]) -> str:
         f"{p['max_grad_norm']:g}, σ = {p['noise_multiplier']:g}, SGD lr {p['learning_rate']:g} "
         "(no momentum); random inputs; same initialisation and batch in every row. A step is "
         "forward + backward + clipping + noise + optimizer step. × non-private: ratio to the "
-        "non-private row of the same configuration, measured in the same run.",
+        "non-private row of the same configuration, measured in the same run."
+        + (
+            f" Precision {p.get('precision')}: forward and backward under autocast."
+            if p.get("precision", "fp32") != "fp32"
+            else ""
+        ),
         "",
     ]
     for setup in result["setups"]:
@@ -723,6 +891,11 @@ def markdown(result: dict[str, Any]) -> str:
             if setup["micro_batches"] > 1
             else "one micro-batch"
         )
+        if setup["physical_batch"] == AUTO:
+            split_note = (
+                "micro-batches as large as fit, probed per row (column 'micro-batch'; one "
+                "noise draw per logical step)"
+            )
         lines += [
             f"## {setup['description']}",
             "",
@@ -730,12 +903,12 @@ def markdown(result: dict[str, Any]) -> str:
             f"{setup['num_examples']:,}.",
             "",
             f"| row | s / step (median) | × non-private | min–max s | {memory} | × non-private "
-            "| added by the steps MB | × non-private | path |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+            "| added by the steps MB | × non-private | micro-batch | path |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
         ]
         for r in setup["rows"]:
             if r["status"] != "ok":
-                lines.append(f"| {r['label']} | {r['status']} | | | | | | | {r['reason']} |")
+                lines.append(f"| {r['label']} | {r['status']} | | | | | | | | {r['reason']} |")
                 continue
             comparable = not r["row"].endswith(VIEWS_AS_EXAMPLES)
             ratio = r.get("time_ratio") if comparable else None
@@ -746,9 +919,10 @@ def markdown(result: dict[str, Any]) -> str:
                 f"{'**' + _cell(ratio, '.2f') + '**' if ratio is not None else '—'} | "
                 f"{r['min_s']:.4f}–{r['max_s']:.4f} | {r['peak_memory_mb']:.0f} | "
                 f"{_cell(memory_ratio, '.2f')} | {_added_mb(r):.0f} | "
-                f"{_cell(added_ratio, '.2f')} | {r['path']} |"
+                f"{_cell(added_ratio, '.2f')} | {r.get('physical_batch', '—')} | {r['path']} |"
             )
         lines.append("")
+        lines += _full_run_lines(setup) + _target_lines(setup)
     isolation = (
         "All rows ran in this one process: CPU peaks are the process's running peak, NOT per row"
         if p["no_isolation"]
@@ -786,6 +960,43 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _full_run_lines(setup: dict[str, Any]) -> list[str]:
+    """The projected wall time of the published run, per row that has it."""
+    rows = [r for r in setup["rows"] if "projected_full_run_hours" in r]
+    if not rows:
+        return []
+    parts = [f"{r['label']} {r['projected_full_run_hours']:.2f} h" for r in rows]
+    return [
+        f"Projected wall time of the full run ({setup['full_run_steps']} logical steps × the "
+        f"median step): {'; '.join(parts)}.",
+        "",
+    ]
+
+
+def _target_lines(setup: dict[str, Any]) -> list[str]:
+    """Whether dpvision's book-keeping row meets the targets: ≤ 1.3× non-private and faster
+    than the fastest Opacus row of the same computation."""
+    rows = {r["row"]: r for r in setup["rows"] if r["status"] == "ok"}
+    ours = rows.get("dpvision-bookkeeping")
+    if ours is None or "time_ratio" not in ours:
+        return ["Targets: the book-keeping row did not run; nothing to compare.", ""]
+    ratio = ours["time_ratio"]
+    verdict = [f"× non-private {ratio:.2f} ({'meets' if ratio <= 1.3 else 'misses'} ≤ 1.3)"]
+    opacus = [
+        r for name, r in rows.items() if name.startswith("opacus") and VIEWS_AS_EXAMPLES not in name
+    ]
+    if opacus:
+        fastest = min(opacus, key=lambda r: r["median_s"])
+        faster = ours["median_s"] < fastest["median_s"]
+        verdict.append(
+            f"{fastest['median_s'] / ours['median_s']:.2f}× the speed of {fastest['label']} "
+            f"({'faster' if faster else 'slower'})"
+        )
+    else:
+        verdict.append("no comparable Opacus row (see the rows' reasons)")
+    return [f"Targets (dpvision book-keeping): {'; '.join(verdict)}.", ""]
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """Writes ``text`` to ``path`` through a temporary file and a rename."""
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -817,6 +1028,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="examples per micro-batch on WRN (a memory knob, the same in every row)",
     )
     parser.add_argument(
+        "--physical-batch",
+        default="auto",
+        help="--only gpu: examples per micro-batch, or auto (default): the largest that fits",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=tuple(PRECISIONS),
+        default="fp32",
+        help="fp32 (default) or bf16: forward and backward of every row under autocast",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="tiny smoke run: small models, 2 steps, _quick files"
     )
     parser.add_argument(
@@ -839,6 +1061,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--threads must be >= 1")
     if args.wrn_physical_batch < 1:
         parser.error("--wrn-physical-batch must be >= 1")
+    if args.physical_batch != "auto" and not (
+        args.physical_batch.isdigit() and int(args.physical_batch) >= 1
+    ):
+        parser.error(
+            f"--physical-batch must be auto or a whole number >= 1, got {args.physical_batch!r}"
+        )
+    if args.only == "gpu" and args.physical_batch == "auto" and args.warmup < 1:
+        parser.error("--physical-batch auto probes during the first warm-up step: --warmup >= 1")
     if not (args.device == "cpu" or args.device.startswith("cuda")):
         parser.error(f"--device must be cpu or cuda, got {args.device!r}")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -867,6 +1097,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     results = [run_setup(setup, args.rows, args) for setup in setups(args)]
     family = f"_{args.only}" if args.only not in (None, "cnn") else ""
+    if args.only == "gpu":  # the files are named after the device the table was measured on
+        family += "_" + device_slug(machine.get("gpu") or "cpu")
+    if args.precision != "fp32":
+        family += f"_{args.precision}"
     name = NAME + family + ("_quick" if args.quick else "")
     result = {
         "name": name,
@@ -884,6 +1118,8 @@ def main(argv: list[str] | None = None) -> int:
             "learning_rate": LEARNING_RATE,
             "seed": SEED,
             "wrn_physical_batch": args.wrn_physical_batch,
+            "physical_batch": args.physical_batch,
+            "precision": args.precision,
         },
         "machine": machine,
         "setups": results,

@@ -198,3 +198,76 @@ def test_bookkeeping_profile_names_every_phase(tmp_path):
     assert any(k.startswith("terms: Conv2d") for k in phases)
     assert result["bookkeeping_seconds"] == pytest.approx(sum(phases.values()))
     assert all(v >= 0 for v in phases.values())
+
+
+def test_the_accelerator_table_command_runs_and_names_its_device(tmp_path):
+    """``--only gpu`` (the table of the accelerator issue), here on the CPU in quick mode."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--quick",
+            "--only",
+            "gpu",
+            "--no-isolation",
+            "--rows",
+            "dpvision-bookkeeping",
+            "--precision",
+            "bf16",
+            "--threads",
+            "1",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    name = "dpsgd_speed_gpu_cpu_bf16_quick"
+    result = json.loads((tmp_path / f"{name}.json").read_text())
+    assert [s["name"] for s in result["setups"]] == ["seed003", "vit", "convnext"]
+    seed003 = {r["row"]: r for r in result["setups"][0]["rows"]}
+    ours = seed003["dpvision-bookkeeping"]
+    assert ours["status"] == "ok", ours
+    assert ours["precision"] == "bf16"
+    assert ours["physical_batch"] == 8
+    assert ours["projected_full_run_hours"] == pytest.approx(ours["median_s"] * 875 / 3600)
+    report = (tmp_path / f"{name}.md").read_text()
+    assert "Projected wall time of the full run (875 logical steps" in report
+    assert "Targets (dpvision book-keeping): × non-private" in report
+
+
+def test_auto_micro_batch_halves_until_a_step_fits(bench, monkeypatch):
+    """The probe of ``--physical-batch auto``: out-of-memory at 8 and 4 examples, 2 fits."""
+    setup = bench.Setup(
+        name="tiny",
+        description="tiny",
+        model="tanh-cnn",
+        image_shape=(1, 28, 28),
+        batch_size=8,
+        views=1,
+        physical_batch=bench.AUTO,
+        num_examples=600,
+    )
+    real = bench.make_step
+    tried = []
+
+    def limited(row, trial, *args, **kwargs):
+        tried.append(trial.physical_batch)
+        step, path = real(row, trial, *args, **kwargs)
+        if trial.physical_batch > 2:
+
+            def too_big():
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+
+            return too_big, path
+        return step, path
+
+    monkeypatch.setattr(bench, "make_step", limited)
+    row = bench.run_row(setup, "non-private", steps=1, warmup=1, device="cpu", threads=1)
+    assert tried == [8, 4, 2]
+    assert row["physical_batch"] == 2
+    assert row["micro_batches"] == 4
+    assert len(row["seconds"]) == 1

@@ -172,7 +172,9 @@ def _bookkeeping_sum(
     with tape.attached(), torch.enable_grad():
         with autocast(flat.device, precision):
             outputs = model(flat)
-        losses = loss_fn(outputs.float(), labels)
+        if precision is not None:  # the loss in float32, as autocast would compute it
+            outputs = outputs.float()
+        losses = loss_fn(outputs, labels)
         if losses.dim() == 0 or losses.shape[0] != batch * k:
             raise UnsupportedError(
                 f"loss_fn returned shape {tuple(losses.shape)}; book-keeping needs one loss "

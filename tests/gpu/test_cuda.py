@@ -1,0 +1,214 @@
+"""On a CUDA device: every part of a run computes there, close to the CPU, privately.
+
+Marked ``gpu`` and skipped cleanly where torch sees no CUDA device (CI, most development
+machines): ``pytest -m gpu tests/gpu`` runs them where a GPU is. CUDA and CPU results agree
+up to rounding, not bit for bit (other kernels, another noise stream); a run resumed on the
+same GPU is bit-identical.
+"""
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F  # noqa: N812 (the usual PyTorch alias)
+
+from dpvision.cli import main
+from dpvision.devices import Placement, available_memory, placement
+from dpvision.distributed import torchrun_command
+from dpvision.models.registry import build_model
+from dpvision.per_example import clip_and_sum
+from dpvision.testing import check_sensitivity, dpsgd_release
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+CUDA = torch.device("cuda", 0)
+DPSGD = [
+    "--method",
+    "dp-sgd",
+    "--set",
+    "learner.model='wrn-10-1'",
+    "--set",
+    "learner.steps=6",
+    "--set",
+    "learner.batch_size=128",
+    "--set",
+    "learner.augmult=2",
+    "--set",
+    "learner.ema_decay=0.9",
+    "--set",
+    "learner.physical_batch_size=32",
+]
+
+
+def _result(tmp_path: Path, name: str, argv: list[str]) -> dict:
+    out = tmp_path / f"{name}.json"
+    assert main(["train", "-q", "--json", str(out), *argv]) == 0
+    return json.loads(out.read_text())
+
+
+def test_auto_picks_the_gpu_and_names_it(tmp_path):
+    chosen = placement("auto")
+    assert chosen.device.type == "cuda"
+    assert torch.cuda.get_device_name(chosen.device) in chosen.describe()
+    assert available_memory(chosen.device) > 0
+    result = _result(tmp_path, "auto", ["--method", "dp-ls"])
+    assert result["device"].startswith("cuda:")
+
+
+def test_dp_sgd_on_cuda_matches_the_cpu_up_to_rounding_and_noise(tmp_path):
+    """With the noise off the runs differ only by rounding; the ledgers are identical."""
+    off = ["--noise-multiplier", "0"]
+    cpu = _result(tmp_path, "cpu", [*DPSGD, *off, "--device", "cpu"])
+    gpu = _result(tmp_path, "gpu", [*DPSGD, *off, "--device", "cuda"])
+    assert gpu["device"].startswith("cuda:0")
+    assert gpu["privacy_ledger"] == cpu["privacy_ledger"]
+    assert abs(gpu["test_accuracy"] - cpu["test_accuracy"]) < 0.05
+    private = _result(tmp_path, "private", [*DPSGD, "--device", "cuda", "--epsilon", "3"])
+    assert private["epsilon"] <= 3.0
+    assert not private["diverged"]
+
+
+def test_physical_batch_size_does_not_change_a_cuda_run(tmp_path):
+    results = [
+        _result(
+            tmp_path,
+            f"p{size}",
+            [*DPSGD, "--device", "cuda", "--set", f"learner.physical_batch_size={size}"],
+        )
+        for size in (16, 128)
+    ]
+    assert results[0]["privacy_ledger"] == results[1]["privacy_ledger"]
+    assert abs(results[0]["test_accuracy"] - results[1]["test_accuracy"]) <= 0.01
+
+
+def test_a_cuda_run_resumes_bit_identically(tmp_path):
+    checkpoint = tmp_path / "run.ckpt"
+    argv = [*DPSGD, "--device", "cuda", "--set", "learner.checkpoint_every=3"]
+    whole = _result(tmp_path, "whole", argv)
+    first = [*argv, "--set", "learner.steps=3", "--checkpoint", str(checkpoint)]
+    _result(tmp_path, "first", first)
+    payload = torch.load(checkpoint, weights_only=True)
+    assert payload["noise_device"] == "cuda"
+    resumed = _result(tmp_path, "resumed", [*argv, "--checkpoint", str(checkpoint)])
+    assert resumed["history"][-1] == whole["history"][-1]
+    assert resumed["test_accuracy"] == whole["test_accuracy"]
+
+
+def test_a_cuda_checkpoint_is_refused_on_the_cpu(tmp_path, capsys):
+    checkpoint = tmp_path / "run.ckpt"
+    argv = [*DPSGD, "--checkpoint", str(checkpoint)]
+    _result(tmp_path, "cuda", [*argv, "--device", "cuda"])
+    assert main(["train", "-q", *argv, "--device", "cpu"]) == 2
+    assert "resume it with --device cuda" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("method", ["dp-ls", "dp-newton", "dp-fc", "dp-sgd-linear"])
+def test_feature_learners_on_cuda_agree_with_the_cpu_with_the_noise_off(tmp_path, method):
+    argv = ["--method", method, "--noise-multiplier", "0", "--set", "learner.chunk_size=300"]
+    if method != "dp-ls":
+        argv += ["--set", "learner.epochs=2" if method != "dp-newton" else "learner.iterations=2"]
+    cpu = _result(tmp_path, "cpu", [*argv, "--device", "cpu"])
+    gpu = _result(tmp_path, "gpu", [*argv, "--device", "cuda"])
+    assert gpu["privacy_ledger"] == cpu["privacy_ledger"]
+    assert abs(gpu["test_accuracy"] - cpu["test_accuracy"]) <= 0.01
+
+
+def test_scatternet_features_on_cuda_match_the_cpu():
+    from dpvision.features import extract_features, parse_feature_spec
+
+    images = np.random.default_rng(0).integers(0, 256, (16, 28, 28, 1), dtype=np.uint8)
+    spec = parse_feature_spec("scatternet")
+    on_cpu = extract_features(images, spec, progress=False, device="cpu")
+    on_gpu = extract_features(images, spec, progress=False, device="cuda")
+    np.testing.assert_allclose(on_gpu, on_cpu, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("precision", [None, torch.bfloat16])
+def test_clipping_on_cuda_is_within_c_on_neighbouring_datasets(precision):
+    torch.manual_seed(0)
+    model = build_model("wrn-10-1", (3, 16, 16), 10).to(CUDA)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(10, 3, 16, 16, generator=generator).to(CUDA)
+    y = torch.randint(0, 10, (10,), generator=generator).to(CUDA)
+    run = dpsgd_release(model, max_grad_norm=1.0, precision=precision, physical_batch_size=4)
+    report = check_sensitivity(run, (x, y), neighbours=3, scale=1e4, tolerance=1e-5)
+    assert report.refusal is None, report.refusal
+    assert report.ok, report.summary()
+    assert report.max_ratio > 0.99
+
+
+def test_bf16_on_cuda_keeps_norms_and_sums_in_float32_close_to_fp32():
+    torch.manual_seed(0)
+    model = build_model("wrn-10-1", (3, 16, 16), 10).to(CUDA)
+    x = torch.randn(32, 3, 16, 16, device=CUDA) * 3
+    y = torch.randint(0, 10, (32,), device=CUDA)
+
+    def loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(out, target, reduction="none")
+
+    exact = clip_and_sum(model, loss, x, y, max_grad_norm=1.0)
+    low = clip_and_sum(model, loss, x, y, max_grad_norm=1.0, precision=torch.bfloat16)
+    assert low.norms.dtype == torch.float32
+    assert ((low.norms - exact.norms).abs() / exact.norms).max() < 0.05
+    summed = float(torch.clamp(exact.norms, max=1.0).sum())
+    gap = torch.linalg.vector_norm(
+        torch.cat([(low.grads[k] - g).reshape(-1) for k, g in exact.grads.items()])
+    )
+    assert float(gap) < 0.06 * summed
+
+
+def test_noise_is_drawn_on_the_device_from_the_checkpointed_generator():
+    chosen = Placement(CUDA)
+    first = torch.randn(5, device=CUDA, generator=chosen.generator(3))
+    generator = chosen.generator(3)
+    state = generator.get_state()
+    again = torch.randn(5, device=CUDA, generator=generator)
+    generator.set_state(state)
+    assert torch.equal(first, again)
+    assert torch.equal(torch.randn(5, device=CUDA, generator=generator), again)
+
+
+def test_the_memory_check_reads_cuda_memory():
+    from dpvision.errors import DPVisionError
+    from dpvision.training.memory import check_memory
+    from dpvision.training.options import DPSGDOptions
+
+    free = available_memory(CUDA)
+    assert 0 < free <= torch.cuda.get_device_properties(CUDA).total_memory
+    views = 16 * 3 * 32 * 32 * 4  # bytes of one example's 16 views
+    options = DPSGDOptions.from_dict({"augmult": 16, "physical_batch_size": free // views + 64})
+    with pytest.raises(DPVisionError, match="of cuda:0"):
+        check_memory(options, torch.Size((3, 32, 32)), CUDA)
+    check_memory(DPSGDOptions.from_dict({"augmult": 16}), torch.Size((3, 32, 32)), CUDA)
+
+
+def test_pretrain_on_cuda_writes_a_cpu_loadable_encoder(tmp_path):
+    out = tmp_path / "enc.pt"
+    argv = ["pretrain", "-q", "--model", "mlp-16", "--size", "8", "--channels", "1"]
+    argv += ["--steps", "3", "--batch-size", "32", "--num-images", "64", "--device", "cuda"]
+    assert main([*argv, "--out", str(out)]) == 0
+    payload = torch.load(out, map_location="cpu", weights_only=True)
+    assert all(t.device.type == "cpu" for t in payload["state_dict"].values())
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL needs two GPUs")
+def test_two_gpus_under_torchrun_with_nccl_match_one(tmp_path):
+    argv = [*DPSGD, "--device", "cuda", "--noise-multiplier", "1"]
+    single = _result(tmp_path, "single", argv)
+    out = tmp_path / "two.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = torchrun_command(2, "-m", "dpvision", "train", "-q", "--json", str(out), *argv)
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=600, env=env, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    two = json.loads(out.read_text())
+    assert two["world_size"] == 2
+    assert two["privacy_ledger"] == single["privacy_ledger"]
+    assert abs(two["test_accuracy"] - single["test_accuracy"]) <= 0.02

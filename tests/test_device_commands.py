@@ -259,3 +259,39 @@ def test_inputs_made_from_device_resident_uint8_equal_the_host_path(normalizatio
 def test_placement_names_the_device():
     assert Placement().describe() == "cpu"
     assert Placement(torch.device("cpu"), "bf16").compute_dtype is torch.bfloat16
+
+
+def test_compile_trains_the_same_model_up_to_float_rounding(tmp_path):
+    """``learner.compile`` (off by default): the compiled network clips, noises
+    and saves like the eager one; only the rounding of the fused kernels differs."""
+    argv = [
+        "--method",
+        "dp-sgd",
+        "--device",
+        "cpu",
+        "--set",
+        "learner.model='mlp-8'",
+        "--set",
+        "learner.steps=2",
+        "--set",
+        "learner.batch_size=64",
+        "--set",
+        "learner.ema_decay=0.9",
+        "--set",
+        "learner.physical_batch_size=32",
+    ]
+    saved = {}
+    results = {}
+    for compiled in (False, True):
+        saved[compiled] = tmp_path / f"{compiled}.safetensors"
+        flags = ["--set", f"learner.compile={str(compiled).lower()}"]
+        results[compiled] = _result(
+            tmp_path, str(compiled), [*argv, *flags, "--save", str(saved[compiled])]
+        )
+    assert results[False]["privacy_ledger"] == results[True]["privacy_ledger"]
+    eager = safetensors.torch.load_file(saved[False])
+    compiled = safetensors.torch.load_file(saved[True])
+    assert eager.keys() == compiled.keys()
+    gap = max((eager[k].double() - compiled[k].double()).abs().max().item() for k in eager)
+    assert gap < 1e-4
+    assert abs(results[False]["test_accuracy"] - results[True]["test_accuracy"]) <= 0.01

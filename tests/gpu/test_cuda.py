@@ -100,6 +100,16 @@ def test_a_cuda_run_resumes_bit_identically(tmp_path):
     assert resumed["test_accuracy"] == whole["test_accuracy"]
 
 
+def test_compile_on_cuda_matches_eager_up_to_rounding(tmp_path):
+    """``learner.compile``: the same ledger, and the same accuracy up to the rounding of
+    the fused kernels, with the noise off so that only rounding separates the runs."""
+    off = [*DPSGD, "--device", "cuda", "--noise-multiplier", "0"]
+    eager = _result(tmp_path, "eager", off)
+    compiled = _result(tmp_path, "compiled", [*off, "--set", "learner.compile=true"])
+    assert compiled["privacy_ledger"] == eager["privacy_ledger"]
+    assert abs(compiled["test_accuracy"] - eager["test_accuracy"]) < 0.05
+
+
 def test_a_cuda_checkpoint_is_refused_on_the_cpu(tmp_path, capsys):
     checkpoint = tmp_path / "run.ckpt"
     argv = [*DPSGD, "--checkpoint", str(checkpoint)]

@@ -175,6 +175,8 @@ class _Run:
             config, options, data, plan, quiet, settings["learner"].get("init_sha256")
         )
         model = model.to(place.device)  # before the optimizer and the EMA take its tensors
+        if options.performance.compile:
+            model.compile()  # in place: names, hooks and the saved state dict unchanged
         start.update(device=place.describe(), precision=place.precision)
         state = TrainingState(
             model=model,

@@ -101,3 +101,30 @@ def test_corrupt_image_names_the_file(tmp_path: Path) -> None:
     (tmp_path / "ds" / "train" / "ant" / "broken.png").write_bytes(b"\x89PNG not really")
     with pytest.raises(DPVisionError, match=r"broken\.png: cannot read the image"):
         load_dataset(f"imagefolder:{tmp_path / 'ds'}")
+
+
+def test_decoding_in_worker_processes_gives_the_same_arrays(tmp_path: Path, monkeypatch) -> None:
+    """DataLoader workers decode large folders; the arrays and their order do not change."""
+    from dpvision.data import imagefolder
+
+    _folder(tmp_path / "ds")
+    serial = load_dataset(f"imagefolder:{tmp_path / 'ds'}")
+    monkeypatch.setattr(imagefolder, "PARALLEL_FROM", 2)
+    assert imagefolder.decode_workers(4) >= 1
+    parallel = load_dataset(f"imagefolder:{tmp_path / 'ds'}")
+    np.testing.assert_array_equal(serial.train_images, parallel.train_images)
+    np.testing.assert_array_equal(serial.test_images, parallel.test_images)
+    np.testing.assert_array_equal(serial.train_labels, parallel.train_labels)
+
+
+def test_a_broken_image_in_a_worker_is_one_line(tmp_path: Path, monkeypatch) -> None:
+    from dpvision.data import imagefolder
+
+    _folder(tmp_path / "ds")
+    broken = tmp_path / "ds" / "train" / "cat" / "img1.png"
+    broken.write_bytes(broken.read_bytes()[:60])  # the header survives, the pixels do not
+    monkeypatch.setattr(imagefolder, "PARALLEL_FROM", 2)
+    with pytest.raises(DPVisionError, match="cannot decode the image") as error:
+        load_dataset(f"imagefolder:{tmp_path / 'ds'}")
+    assert "\n" not in str(error.value)
+    assert "img1.png" in str(error.value)

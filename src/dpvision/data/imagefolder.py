@@ -7,22 +7,45 @@ images must have the same width and height. Every image is converted to RGB (thr
 an alpha channel dropped), or to grayscale with ``channels=1``: the caller decides, because
 the input shape of the model must not depend on what the private images happen to be.
 
+Decoding (the slow part of a large folder) runs in :class:`torch.utils.data.DataLoader`
+worker processes (:func:`decode_workers`: one per CPU core, at most 8, for folders of
+:data:`PARALLEL_FROM` images or more); the decoded ``uint8`` array is the same whatever the
+number of workers. It is decoded once, before training: a run then moves the ``uint8``
+images to its device in one copy and augments them there (:mod:`dpvision.data.augment`).
+
 The images are private data; this module only reads them and releases nothing.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch.utils.data
 
 from dpvision.errors import DPVisionError
 
-__all__ = ["IMAGE_SUFFIXES", "image_files", "load_image_folder", "read_images"]
+__all__ = [
+    "DECODE_BATCH",
+    "IMAGE_SUFFIXES",
+    "PARALLEL_FROM",
+    "decode_workers",
+    "image_files",
+    "load_image_folder",
+    "read_images",
+]
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg"})
 """File suffixes (lower case) that are read as images."""
+
+PARALLEL_FROM = 512
+"""Folders with at least this many images are decoded by worker processes; below it, the
+start-up of the workers costs more than it saves."""
+
+DECODE_BATCH = 256
+"""Images a decoding worker stacks before handing them back (one transfer per batch)."""
 
 
 def load_image_folder(
@@ -92,7 +115,7 @@ def load_image_folder(
     out: list[np.ndarray] = []
     for split in ("train", "test"):
         entries = files[split]
-        images = np.stack([_pixels(Image, path, mode) for path, _ in entries]) if entries else None
+        images = _decode([path for path, _ in entries], mode) if entries else None
         if images is None:
             width, height = reference[1] if reference else (0, 0)
             images = np.zeros((0, height, width, 1 if grayscale else 3), dtype=np.uint8)
@@ -123,14 +146,73 @@ def read_images(paths: list[Path], channels: int) -> np.ndarray:
         raise DPVisionError(
             "reading images needs Pillow; install it with: pip install pillow"
         ) from exc
-    arrays = [_pixels(Image, path, "L" if channels == 1 else "RGB") for path in paths]
-    sizes = {a.shape for a in arrays}
+    mode = "L" if channels == 1 else "RGB"
+    sizes = set()
+    for path in paths:
+        with _open(Image, path) as image:
+            sizes.add(image.size[::-1])
     if len(sizes) > 1:
         raise DPVisionError(
-            f"the images have different sizes ({', '.join(sorted(str(s[:2]) for s in sizes))}); "
+            f"the images have different sizes ({', '.join(sorted(str(s) for s in sizes))}); "
             "resize them to one size"
         )
-    return np.stack(arrays)
+    return _decode(paths, mode)
+
+
+def decode_workers(count: int) -> int:
+    """How many worker processes decode ``count`` images: 0 (in this process) below
+    :data:`PARALLEL_FROM`, else one per CPU core this process may use, at most 8."""
+    if count < PARALLEL_FROM:
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return min(8, cores or 1)
+
+
+class _Files(torch.utils.data.Dataset[tuple[np.ndarray | None, str]]):
+    """Image files decoded one by one; a failure comes back as a message, not an exception
+    (a worker's exception would reach the user as a traceback)."""
+
+    def __init__(self, paths: list[Path], mode: str) -> None:
+        self.paths, self.mode = paths, mode
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray | None, str]:
+        # local import: start-up time (and each worker imports it once)
+        from PIL import Image
+
+        try:
+            return _pixels(Image, self.paths[index], self.mode), ""
+        except DPVisionError as error:
+            return None, str(error)
+
+
+def _stacked(items: list[tuple[np.ndarray | None, str]]) -> tuple[np.ndarray | None, str]:
+    """A worker's batch as one array, or the first failure (module level: workers may
+    pickle it)."""
+    for array, problem in items:
+        if array is None:
+            return None, problem
+    return np.stack([array for array, _ in items]), ""
+
+
+def _decode(paths: list[Path], mode: str) -> np.ndarray:
+    """Decodes ``paths`` (all of one size, checked by the caller) to ``uint8`` ``(N, H, W, C)``
+    with :func:`decode_workers` ``DataLoader`` workers, in order; each worker hands back
+    batches of :data:`DECODE_BATCH` images."""
+    loader = torch.utils.data.DataLoader(
+        _Files(paths, mode),
+        batch_size=DECODE_BATCH,
+        num_workers=decode_workers(len(paths)),
+        collate_fn=_stacked,
+    )
+    arrays: list[np.ndarray] = []
+    for array, problem in loader:
+        if array is None:
+            raise DPVisionError(problem)
+        arrays.append(array)
+    return np.concatenate(arrays)
 
 
 def _list_images(split_dir: Path, classes: tuple[str, ...]) -> list[tuple[Path, int]]:

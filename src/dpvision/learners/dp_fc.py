@@ -35,8 +35,9 @@ class DPFeatureCovariance(DPLinearClassifier):
     """DP-FC classifier on features (``--method dp-fc``).
 
     Args:
-      target_epsilon, target_delta, noise_multiplier, accountant, random_state, num_classes,
-        device: as in :class:`~dpvision.learners.DPLeastSquares`.
+      target_epsilon, target_delta, noise_multiplier, accountant, random_state, num_classes:
+        as in :class:`~dpvision.learners.DPLeastSquares`.
+      device: as in :class:`~dpvision.learners.DPLeastSquares`.
       covariance_clip_norm: C_G, the L2 bound on feature vectors for the covariance.
       clip_norm: C_g, the L2 bound on each example's gradient (all classes together).
       epochs: T, the number of full-batch preconditioned steps.

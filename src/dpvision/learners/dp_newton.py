@@ -25,8 +25,9 @@ class DPNewton(DPLinearClassifier):
     """DP-Newton classifier on features (``--method dp-newton``).
 
     Args:
-      target_epsilon, target_delta, noise_multiplier, accountant, random_state, num_classes,
-        device: as in :class:`~dpvision.learners.DPLeastSquares`.
+      target_epsilon, target_delta, noise_multiplier, accountant, random_state, num_classes:
+        as in :class:`~dpvision.learners.DPLeastSquares`.
+      device: as in :class:`~dpvision.learners.DPLeastSquares`.
       clip_norm: C, the L2 bound on each feature vector.
       iterations: T, the number of Newton steps.
       learning_rate: η, the Newton step size.

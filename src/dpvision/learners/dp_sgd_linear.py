@@ -88,8 +88,9 @@ class DPSGDLinear(DPLinearClassifier):
     """A linear head trained with DP-SGD / momentum / DP-Adam (``--method dp-sgd-linear``).
 
     Args:
-      target_epsilon, target_delta, noise_multiplier, accountant, random_state, num_classes,
-        device: as in :class:`~dpvision.learners.DPLeastSquares`.
+      target_epsilon, target_delta, noise_multiplier, accountant, random_state, num_classes:
+        as in :class:`~dpvision.learners.DPLeastSquares`.
+      device: as in :class:`~dpvision.learners.DPLeastSquares`.
       clip_norm: C, the L2 bound on each example's gradient (weights and bias together).
       batch_size: expected Poisson batch size B (sample rate q = B/n); ``None`` = full batch.
       epochs: training length; steps T = ceil(epochs·n/B) (= epochs for full batch).

@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch.utils.data
 
 from dpvision.errors import DPVisionError
 
@@ -168,9 +167,10 @@ def decode_workers(count: int) -> int:
     return min(8, cores or 1)
 
 
-class _Files(torch.utils.data.Dataset[tuple[np.ndarray | None, str]]):
-    """Image files decoded one by one; a failure comes back as a message, not an exception
-    (a worker's exception would reach the user as a traceback)."""
+class _Files:
+    """Image files decoded one by one, a map-style dataset for ``DataLoader``; a failure
+    comes back as a message, not an exception (a worker's exception would reach the user as
+    a traceback)."""
 
     def __init__(self, paths: list[Path], mode: str) -> None:
         self.paths, self.mode = paths, mode
@@ -201,6 +201,9 @@ def _decode(paths: list[Path], mode: str) -> np.ndarray:
     """Decodes ``paths`` (all of one size, checked by the caller) to ``uint8`` ``(N, H, W, C)``
     with :func:`decode_workers` ``DataLoader`` workers, in order; each worker hands back
     batches of :data:`DECODE_BATCH` images."""
+    # local import: start-up time (importing dpvision.data must not import torch)
+    import torch.utils.data
+
     loader = torch.utils.data.DataLoader(
         _Files(paths, mode),
         batch_size=DECODE_BATCH,

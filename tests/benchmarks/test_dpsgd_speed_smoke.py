@@ -266,7 +266,7 @@ def test_auto_micro_batch_halves_until_a_step_fits(bench, monkeypatch):
         return step, path
 
     monkeypatch.setattr(bench, "make_step", limited)
-    row = bench.run_row(setup, "non-private", steps=1, warmup=1, device="cpu", threads=1)
+    row = bench.run_row(setup, "non-private", steps=1, warmup=1, device="cpu", threads=None)
     assert tried == [8, 4, 2]
     assert row["physical_batch"] == 2
     assert row["micro_batches"] == 4

@@ -334,35 +334,19 @@ def clip_and_sum(
         raise DPVisionError(
             f"unknown clipping method {method!r}; choose one of {choices}"
         ) from None
+    batch = (model, loss_fn, inputs, targets)
+    how = {"max_grad_norm": max_grad_norm, "views": views, "mask": mask, "precision": precision}
     if chosen is not ClippingMethod.VMAP:
         problems = unsupported_layers(model)
         try:
             if problems:
                 raise UnsupportedError(problems[0])
-            return _bookkeeping_sum(
-                model,
-                loss_fn,
-                inputs,
-                targets,
-                max_grad_norm=max_grad_norm,
-                views=views,
-                mask=mask,
-                precision=precision,
-            )
+            return _bookkeeping_sum(*batch, **how)
         except UnsupportedError as reason:
             if chosen is ClippingMethod.BOOKKEEPING:
                 raise DPVisionError(f"book-keeping clipping does not support {reason}") from None
 
-    return clipped_gradient_sum(
-        model,
-        loss_fn,
-        inputs,
-        targets,
-        max_grad_norm=max_grad_norm,
-        views=views,
-        mask=mask,
-        precision=precision,
-    )
+    return clipped_gradient_sum(*batch, **how)
 
 
 def _float32(value: Any) -> Any:

@@ -139,14 +139,17 @@ def test_scatternet_features_on_cuda_match_the_cpu():
     np.testing.assert_allclose(on_gpu, on_cpu, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("clipping", ["bookkeeping", "vmap"])
 @pytest.mark.parametrize("precision", [None, torch.bfloat16])
-def test_clipping_on_cuda_is_within_c_on_neighbouring_datasets(precision):
+def test_clipping_on_cuda_is_within_c_on_neighbouring_datasets(precision, clipping):
     torch.manual_seed(0)
     model = build_model("wrn-10-1", (3, 16, 16), 10).to(CUDA)
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(10, 3, 16, 16, generator=generator).to(CUDA)
     y = torch.randint(0, 10, (10,), generator=generator).to(CUDA)
-    run = dpsgd_release(model, max_grad_norm=1.0, precision=precision, physical_batch_size=4)
+    run = dpsgd_release(
+        model, max_grad_norm=1.0, precision=precision, physical_batch_size=4, clipping=clipping
+    )
     report = check_sensitivity(run, (x, y), neighbours=3, scale=1e4, tolerance=1e-5)
     assert report.refusal is None, report.refusal
     assert report.ok, report.summary()

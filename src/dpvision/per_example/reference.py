@@ -111,7 +111,11 @@ def clipped_gradient_sum(
     params = {k: v.detach() for k, v in model.named_parameters() if v.requires_grad}
     buffers = {k: v.detach() for k, v in model.named_buffers()}
     batch = inputs if views else inputs.unsqueeze(1)
-    keep = torch.ones(len(batch), dtype=torch.bool) if mask is None else mask.to(torch.bool)
+    keep = (
+        torch.ones(len(batch), dtype=torch.bool, device=inputs.device)
+        if mask is None
+        else mask.to(device=inputs.device, dtype=torch.bool)
+    )
     grads, norms, kept = functional_clipped_sum(
         model,
         loss_fn,

@@ -30,6 +30,7 @@ from dpvision.accounting.calibration import (
 from dpvision.accounting.events import compose_events, gaussian_event, poisson_gaussian_event
 from dpvision.accounting.gaussian import gaussian_delta, gaussian_epsilon, gdp_mu, zcdp_epsilon
 from dpvision.accounting.ledger import LedgerEntry, PrivacyLedger
+from dpvision.accounting.selection import Repetitions, repeat_and_select_event
 
 __all__ = [
     "CLASSIC_RDP_ORDERS",
@@ -38,6 +39,7 @@ __all__ = [
     "Accountant",
     "LedgerEntry",
     "PrivacyLedger",
+    "Repetitions",
     "calibrate_noise_multiplier",
     "calibrate_steps",
     "compose_events",
@@ -50,5 +52,6 @@ __all__ = [
     "gdp_mu",
     "parse_accountant",
     "poisson_gaussian_event",
+    "repeat_and_select_event",
     "zcdp_epsilon",
 ]

@@ -95,8 +95,21 @@ def parse_accountant(name: "str | Accountant") -> Accountant:
 
 
 def default_accountant(event: dp_accounting.DpEvent) -> Accountant:
-    """The tightest valid accountant for ``event``: exact GDP for full batch, else PLD."""
-    return Accountant.GAUSSIAN if is_unsampled_gaussian(event) else Accountant.PLD
+    """The tightest valid accountant for ``event``: exact GDP for full batch, RDP for a
+    private selection (:mod:`.selection`; PLD has no rule for it), else PLD."""
+    if is_unsampled_gaussian(event):
+        return Accountant.GAUSSIAN
+    return Accountant.RDP if _has_selection(event) else Accountant.PLD
+
+
+def _has_selection(event: dp_accounting.DpEvent) -> bool:
+    """Whether ``event`` contains a repeat-and-select (a private selection) anywhere."""
+    if isinstance(event, dp_accounting.dp_event.RepeatAndSelectDpEvent):
+        return True
+    if isinstance(event, dp_accounting.ComposedDpEvent):
+        return any(_has_selection(inner) for inner in event.events)
+    inner = getattr(event, "event", None)  # self-composed and sampled events wrap one
+    return isinstance(inner, dp_accounting.DpEvent) and _has_selection(inner)
 
 
 def _rdp_accountant(event: dp_accounting.DpEvent, orders: tuple[float, ...]) -> rdp.RdpAccountant:

@@ -223,6 +223,9 @@ def init_from_env(timeout: datetime.timedelta = DEFAULT_TIMEOUT) -> Workers:
 
 
 def shutdown() -> None:
-    """Leaves the process group, if one was joined."""
+    """Leaves the process group, if one was joined, once every rank has got here (no rank
+    tears its group down while a peer may still be sending). ``python -m dpvision`` then
+    ends a torchrun process with ``os._exit`` (see :mod:`dpvision.__main__`)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
         torch.distributed.destroy_process_group()

@@ -7,6 +7,7 @@ Each rank writes what it computed to ``OUT_DIR/CASE-rank{R}.pt``. The tests impo
 functions to compute the single-process reference in their own process.
 """
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -153,6 +154,9 @@ def main(case: str, out_dir: str, *paths: str) -> None:
         Path(out_dir) / f"{case}-rank{workers.rank}.pt",
     )
     shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # as python -m dpvision does under torchrun: gloo may abort a normal exit
 
 
 if __name__ == "__main__":

@@ -151,7 +151,6 @@ def run_pretrain(args: argparse.Namespace) -> None:
 def run_supervised(raw: dict[str, Any], args: argparse.Namespace) -> None:
     """``dpvision pretrain --objective supervised``: validate, train, write, summarise."""
     # local import: start-up time
-    # local import: start-up time
     from dpvision.devices import resolve_device
     from dpvision.fileio import write_json_atomic
     from dpvision.training.supervised import SupervisedOptions, pretrain_supervised

@@ -170,14 +170,14 @@ def test_gaussian_accountant_with_sampling_is_one_line(argv, as_json, capsys) ->
     ],
 )
 def test_bad_values_are_one_line_before_training(sets, message, capsys) -> None:
-    code, _, err = _cli(capsys, "train", *sets)
+    code, _, err = _cli(capsys, "train", "--method", "dp-ls", *sets)
     assert message in _one_line_error(code, err)
     assert "loading dataset" not in err  # refused before any work
 
 
 # 7. Output that reads right.
 def test_the_zcdp_figure_does_not_read_as_the_guarantee(capsys) -> None:
-    code, out, _ = _cli(capsys, "train", "--quiet")
+    code, out, _ = _cli(capsys, "train", "--quiet", "--method", "dp-ls")
     assert code == 0
     assert "gives ε = 3.7064" not in out
     assert "for comparison only" in out

@@ -54,12 +54,13 @@ from dpvision.errors import DPVisionError
 from dpvision.features.preprocessing import PREPROCESSING, PreprocessingConfig
 from dpvision.learners import LEARNERS
 from dpvision.learners.options import check_learner_options
+from dpvision.recipes import AUTO, RECIPE_METHOD, default_features, default_preprocessing
 from dpvision.training.options import DPSGDOptions
 from dpvision.training.pretrain import PretrainOptions
 
 __all__ = ["PREPROCESSING", "PreprocessingConfig", "TrainConfig", "resolve", "validate"]
 
-METHODS = ("dp-ls", "dp-newton", "dp-fc", "dp-sgd-linear", "dp-sgd", "dp-randp")
+METHODS = ("auto", "dp-ls", "dp-newton", "dp-fc", "dp-sgd-linear", "dp-sgd", "dp-randp")
 # Phase I options that ``dp-randp`` takes from the run itself rather than from [pretrain].
 _PRETRAIN_FROM_RUN = ("model", "groups", "size", "channels")
 
@@ -76,9 +77,13 @@ class TrainConfig:
         model's output shape, so it is never read off the private labels.
       image_channels: ``imagefolder:`` datasets: 3 (RGB, the default) or 1 (grayscale).
       method: ``dp-ls``, ``dp-newton``, ``dp-fc``, ``dp-sgd-linear`` (on features),
-        ``dp-sgd`` (deep models, see :class:`dpvision.training.options.DPSGDOptions`) or
-        ``dp-randp`` (DP-SGD in Phases II and III from a Phase I encoder).
-      features: a feature spec (``pixels``, ``scatternet``, ``scatternet:pool=2``, …).
+        ``dp-sgd`` (deep models, see :class:`dpvision.training.options.DPSGDOptions`),
+        ``dp-randp`` (DP-SGD in Phases II and III from a Phase I encoder) or ``auto`` (the
+        default): the default recipe (:mod:`dpvision.recipes`), ``dp-sgd-linear`` with a
+        schedule fitted to ε and to the number of training examples when the run starts.
+      features: a feature spec (``pixels``, ``scatternet``, ``scatternet:pool=2``, …) or
+        ``auto`` (the default): ``scatternet`` for ``auto`` and ``dp-sgd-linear``,
+        ``pixels`` for the others (:func:`dpvision.recipes.default_features`).
       epsilon: the target ε of the whole run (``inf``: no noise); or give noise_multiplier.
       delta: the target δ.
       noise_multiplier: σ instead of a target ε (``0``: no noise).
@@ -108,8 +113,8 @@ class TrainConfig:
     data_dir: str | None = None
     num_classes: int | None = None
     image_channels: int | None = None
-    method: str = "dp-ls"
-    features: str = "pixels"
+    method: str = "auto"
+    features: str = "auto"
     epsilon: float | None = 3.0
     delta: float = 1e-5
     noise_multiplier: float | None = None
@@ -268,8 +273,10 @@ def validate(config: TrainConfig) -> TrainConfig:
         raise DPVisionError(f"public_fraction must be in [0, 1), got {config.public_fraction}")
     if not 0 <= config.seed < 2**63:
         raise DPVisionError(f"seed must be a whole number in [0, 2**63), got {config.seed}")
-    config = dataclasses.replace(
-        config, device=parse_device(config.device), precision=parse_precision(config.precision)
+    config = _resolve_auto(
+        dataclasses.replace(
+            config, device=parse_device(config.device), precision=parse_precision(config.precision)
+        )
     )
     if config.precision != "fp32" and config.method not in ("dp-sgd", "dp-randp"):
         raise DPVisionError(
@@ -278,7 +285,7 @@ def validate(config: TrainConfig) -> TrainConfig:
         )
     config.placement  # noqa: B018 (a device that is not there is refused before any work)
     _check_public_shape(config)
-    if config.preprocessing.kind not in PREPROCESSING:
+    if config.preprocessing.kind not in (*PREPROCESSING, AUTO):
         raise DPVisionError(
             f"unknown preprocessing.kind {config.preprocessing.kind!r}; choose one of: "
             f"{', '.join(PREPROCESSING)}"
@@ -326,7 +333,8 @@ def validate(config: TrainConfig) -> TrainConfig:
                 "time: save them to this file first)"
             )
         return config
-    allowed = set(LEARNERS[config.method]().get_params()) - {
+    learner = LEARNERS[RECIPE_METHOD if config.method == AUTO else config.method]
+    allowed = set(learner().get_params()) - {
         "target_epsilon",
         "target_delta",
         "noise_multiplier",
@@ -334,14 +342,34 @@ def validate(config: TrainConfig) -> TrainConfig:
         "random_state",
         "device",  # the run's own device (top-level ``device``)
     }
+    learner_name = (
+        f"{RECIPE_METHOD} (the method of the default recipe)"
+        if config.method == AUTO
+        else config.method
+    )
     for key in config.learner:
         if key not in allowed:
             raise DPVisionError(
-                f"unknown learner option {key!r} for {config.method}; valid: "
+                f"unknown learner option {key!r} for {learner_name}; valid: "
                 f"{', '.join(sorted(allowed))}"
             )
-    check_learner_options(LEARNERS[config.method], config.learner)
+    check_learner_options(learner, config.learner)
     return config
+
+
+def _resolve_auto(config: TrainConfig) -> TrainConfig:
+    """``features`` and ``preprocessing.kind`` left ``auto``, resolved from the method
+    (:mod:`dpvision.recipes`) where it does not need the data; ``method = "auto"`` and the
+    features of ``auto`` and ``dp-sgd-linear`` are resolved when the run starts, where the
+    number of training examples and the image shape are known
+    (:func:`dpvision.runs.recipe.apply_recipe`)."""
+    features = config.features
+    if features == AUTO and config.method not in (AUTO, RECIPE_METHOD):
+        features = default_features(config.method)
+    pre = config.preprocessing
+    if pre.kind == AUTO and features != AUTO:
+        pre = dataclasses.replace(pre, **default_preprocessing(config.method, features))
+    return dataclasses.replace(config, features=features, preprocessing=pre)
 
 
 REFERENCE_KEYS = ("source", "accuracy", "epsilon", "band", "needs", "points")

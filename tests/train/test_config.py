@@ -10,7 +10,8 @@ from dpvision.errors import DPVisionError
 
 def test_defaults_need_no_download():
     config = resolve()
-    assert (config.dataset, config.method, config.features) == ("digits", "dp-ls", "pixels")
+    # method and features are the default recipe's, resolved when the run starts
+    assert (config.dataset, config.method, config.features) == ("digits", "auto", "auto")
     assert config.epsilon == 3.0
 
 
@@ -59,7 +60,7 @@ def test_a_target_and_a_sigma_on_the_command_line_conflict(overrides, sets, name
     ("toml", "sets", "message"),
     [
         ("lerner = 3\n", [], "unknown key 'lerner'"),
-        ("[learner]\nepoch = 3\n", [], "unknown learner option 'epoch' for dp-ls"),
+        ("[learner]\nepoch = 3\n", [], "unknown learner option 'epoch' for dp-sgd-linear"),
         ('method = "dp-magic"\n', [], "unknown method 'dp-magic'"),
         ("epsilon = 0\n", [], "epsilon must be > 0"),
         ("epsilon = -1\n", [], "epsilon must be > 0"),
@@ -85,5 +86,5 @@ def test_missing_file(tmp_path):
 
 
 def test_resolved_config_round_trips_into_the_dataclass():
-    config = resolve(sets=["learner.ridge=0.5"])
+    config = resolve(sets=["method=dp-ls", "learner.ridge=0.5"])
     assert TrainConfig(**{**config.to_dict(), "preprocessing": config.preprocessing}) == config

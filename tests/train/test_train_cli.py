@@ -1,6 +1,7 @@
 """``dpvision train`` end to end: the result JSON contract, ε from the ledger, bad input."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -40,20 +41,20 @@ def test_default_run_on_digits(tmp_path, capsys):
     result = json.loads(out.read_text())
     assert set(result) >= RESULT_KEYS
     assert result["dataset"] == "digits"
-    assert result["method"] == "dp-ls"
-    assert 0.80 <= result["test_accuracy"] <= 0.97  # measured 0.897 at seed 0
+    assert result["method"] == "dp-sgd-linear"  # the default recipe
+    assert result["recipe"]["default"] is True
+    assert result["recipe"]["set"]["features"] == "scatternet"
+    assert 0.85 <= result["test_accuracy"] <= 0.99  # measured 0.922 at seed 0
     assert 0.99 * 3 <= result["epsilon"] <= 3.0
-    assert result["accountant"] == "gaussian"
-    assert result["steps"] == 3
-    assert [e["released"] for e in result["privacy_ledger"]] == [
-        "DP-LS G",
-        "DP-LS b_j",
-        "DP-LS A_j",
-    ]
-    assert result["epsilon_zcdp"] > result["epsilon"]  # the papers' looser zCDP figure
+    assert result["accountant"] == "pld"
+    learner = result["config"]["learner"]
+    assert learner["batch_size"] == round(8192 * 1438 / 60000)  # the tuned q = 8192 / 60000
+    assert result["steps"] == math.ceil(40 / (learner["batch_size"] / 1438))  # 40 epochs
+    assert {e["released"] for e in result["privacy_ledger"]} == {"linear-head clipped gradient sum"}
     text = capsys.readouterr().out
     assert "test accuracy" in text
     assert "ε = 2.99" in text
+    assert "recipe: dp-sgd-linear on scatternet; group-norm (27 groups); B 196" in text
 
 
 @pytest.mark.parametrize("method", ["dp-ls", "dp-newton", "dp-fc", "dp-sgd-linear"])
@@ -78,6 +79,8 @@ def test_private_preprocessing_is_in_the_ledger_and_the_budget(tmp_path, kind):
             [
                 "train",
                 "--quiet",
+                "--method",
+                "dp-ls",
                 "--epsilon",
                 "2",
                 "--set",

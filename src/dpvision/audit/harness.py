@@ -33,6 +33,8 @@ from dpvision.audit.targets import AuditTarget, make_target
 from dpvision.config import TrainConfig, load_toml, override, parse_override, resolve
 from dpvision.errors import DPVisionError
 from dpvision.features import Progress
+from dpvision.recipes import AUTO
+from dpvision.runs.recipe import apply_recipe
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,12 +127,14 @@ def audit_config(
     learner = raw.get("learner", {})
     given |= {f"learner.{key}" for key in (learner if isinstance(learner, dict) else {})}
     method = resolve(file, flags, list(sets)).method
+    if method == AUTO:  # an audit trains thousands of times: DP-LS on pixels, not the recipe
+        method, sets = "dp-ls", ["method='dp-ls'", *sets]
     defaults = [
         item
         for item in AUDIT_DEFAULTS.get(method, ())
         if ".".join(parse_override(item)[0]) not in given
     ]
-    config = resolve(file, flags, [*defaults, *sets])
+    config, _ = apply_recipe(resolve(file, flags, [*defaults, *sets]))
     sweep = tuple((k, v) for k, v in DEFAULT_SWEEPS.get(method, ()) if k not in given)
     return config, sweep
 

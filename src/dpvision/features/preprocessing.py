@@ -17,7 +17,9 @@ class PreprocessingConfig:
 
     Attributes:
       kind: ``none``; ``group-norm`` (per example, free); ``private-norm`` (PrivDataNorm,
-        private per-channel mean/variance); ``center`` (private mean centering).
+        private per-channel mean/variance); ``center`` (private mean centering); ``auto``
+        (the default): group-norm for ScatterNet features of a feature learner, else none
+        (:func:`dpvision.recipes.default_preprocessing`), resolved when the config is.
       groups: channel groups for ``group-norm``.
       channels: channels of the feature layout (``None``: 81·C for scatternet, C for pixels).
       noise_multiplier: σ of each private statistic (``private-norm``, ``center``).
@@ -25,7 +27,7 @@ class PreprocessingConfig:
       clip_norm: the feature clipping norm for ``center``.
     """
 
-    kind: str = "none"
+    kind: str = "auto"
     groups: int = 27
     channels: int | None = None
     noise_multiplier: float = 8.0

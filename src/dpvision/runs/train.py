@@ -15,6 +15,7 @@ from dpvision.distributed import current
 from dpvision.errors import DPVisionError
 from dpvision.runs.dpsgd import run_dpsgd
 from dpvision.runs.features import run_features
+from dpvision.runs.recipe import apply_recipe
 from dpvision.runs.saved import TrainedModel
 
 
@@ -41,10 +42,12 @@ def fit(
 ) -> tuple[dict[str, Any], TrainedModel]:
     """:func:`run_training`'s work: the result dict and the trained model, after checking
     that the run kept within its target ε."""
+    config, recipe = apply_recipe(config)
     if config.method in ("dp-sgd", "dp-randp"):
         result, model = run_dpsgd(config, quiet=quiet, checkpoint=checkpoint)
     else:
         result, model = run_features(config, quiet=quiet, checkpoint=checkpoint)
+    result["recipe"] = recipe
     return _within_target(config, result), model
 
 
@@ -169,7 +172,8 @@ def summary(result: dict[str, Any]) -> str:
         f"test accuracy {100 * result['test_accuracy']:.2f} %{_ema_note(result)}\n"
         f"privacy: {privacy}\n"
         f"{_phases_note(result)}"
-        f"wall time {result['wall_seconds']:.1f} s"
+        + (f"recipe: {result['recipe']['summary']}\n" if "recipe" in result else "")
+        + f"wall time {result['wall_seconds']:.1f} s"
         + (f" on {result['device']}" if result.get("device") else "")
         + (f", {result['precision']}" if result.get("precision", "fp32") != "fp32" else "")
     )

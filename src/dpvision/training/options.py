@@ -63,7 +63,10 @@ class DPSGDOptions:
     """Hyper-parameters of one DP-SGD run (De et al. 2022; Tramèr & Boneh 2021).
 
     Attributes:
-      model: ``tanh-cnn`` (pixels, 1×28×28 or 3×32×32), ``scatter-cnn`` (ScatterNet
+      model: ``auto`` (the default; :func:`dpvision.recipes.default_model`: the Tanh CNN
+        for 1×28×28 and 3×32×32 images, ``scatter-cnn`` on ScatterNet features, a WRN-16-4
+        for other images of 16 pixels a side or more, ``mlp-256`` below), ``tanh-cnn``
+        (pixels, 1×28×28 or 3×32×32), ``scatter-cnn`` (ScatterNet
         features), ``wrn-D-K`` (Wide-ResNet with GroupNorm and WS convolutions),
         ``mlp-H`` (tanh MLP with H hidden units on flattened inputs of any size; ``mlp-0``
         is logistic regression), ``timm:NAME``, ``torchvision:NAME`` or
@@ -106,7 +109,7 @@ class DPSGDOptions:
       performance: :class:`PerformanceOptions` (given flat in the ``[learner]`` table).
     """
 
-    model: str = "tanh-cnn"
+    model: str = "auto"
     init: str | None = None
     finetune: str = "all"
     batchnorm: str = "auto"
@@ -166,7 +169,8 @@ class DPSGDOptions:
         return out
 
     def validated(self) -> "DPSGDOptions":
-        check_model(self.model)
+        if self.model != "auto":  # resolved from the image shape when the run starts
+            check_model(self.model)
         performance = self.performance
         positive = {
             "batch_size": self.batch_size,

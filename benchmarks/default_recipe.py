@@ -1,0 +1,216 @@
+"""The evidence behind dpvision's default recipe (:mod:`dpvision.recipes`), and its results.
+
+Two parts, each writing ``benchmarks/results/default_recipe_<part>.{json,md}``:
+
+* ``--part tune``: the choices the recipe makes, measured on a *validation split* of the
+  training set (``validation_fraction = 0.2``, seeded; never the test set), mean of two seeds:
+  on scikit-learn's digits (N ≈ 1 150 after the split) a grid over the sample rate q, the
+  length of the schedule relative to Tramèr & Boneh's per-ε epochs, and the learning rate
+  per 512 examples of batch, plus DP-LS/DP-FC on pixels and ScatterNet; on Fashion-MNIST
+  the schedule at ε = 8 (the other ε reuse the per-ε schedules tuned earlier, see
+  ``benchmarks/feature_learners_fmnist.py``).
+* ``--part table`` (default): ``dpvision train --dataset NAME --epsilon E`` with no other
+  setting — the default recipe exactly as a user runs it — at ε ∈ {0.5, 1, 3, 8} on
+  Fashion-MNIST and digits; test accuracy, median of seeds 0, 1, 2.
+
+Run:  DPVISION_DATA=../shared/data python benchmarks/default_recipe.py --part tune
+      DPVISION_DATA=../shared/data python benchmarks/default_recipe.py --part table
+"""
+
+import argparse
+import itertools
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import dpvision
+from dpvision.fileio import write_json_atomic
+
+EPSILONS = (0.5, 1.0, 3.0, 8.0)
+SEEDS = (0, 1, 2)
+GROUP_NORM = {"kind": "group-norm", "groups": 27}
+# Tramèr & Boneh's schedule length per ε (epochs at N = 60 000), the one the grid scales.
+TB_EPOCHS = {0.5: 10, 1.0: 20, 3.0: 40, 8.0: 40}
+
+
+def _tune_runs() -> list[tuple[str, dict[str, Any]]]:
+    """(label, fields of dpvision.train) of every tuning run, seeds apart."""
+    runs: list[tuple[str, dict[str, Any]]] = []
+    n = 1150  # digits' training rows after the 20 % validation split
+    for epsilon in EPSILONS:
+        grid = itertools.product((0.137, 0.25, 0.5, 1.0), (0.25, 0.5, 1.0), (1.0, 4.0))
+        for rate, length, per_512 in grid:
+            batch = max(1, round(rate * n))
+            learner = {
+                "clip_norm": 0.1,
+                "optimizer": "momentum",
+                "momentum": 0.9,
+                "batch_size": batch,
+                "epochs": TB_EPOCHS[epsilon] * length,
+                "learning_rate": per_512 * batch / 512,
+            }
+            label = f"q={rate:g} length×{length:g} lr/512={per_512:g}"
+            runs.append(
+                (
+                    label,
+                    {
+                        "dataset": "digits",
+                        "method": "dp-sgd-linear",
+                        "features": "scatternet",
+                        "preprocessing": GROUP_NORM,
+                        "epsilon": epsilon,
+                        "learner": learner,
+                    },
+                )
+            )
+        for method, features in itertools.product(("dp-ls", "dp-fc"), ("pixels", "scatternet")):
+            pre = GROUP_NORM if features == "scatternet" else {"kind": "none"}
+            runs.append(
+                (
+                    f"{method} {features}",
+                    {
+                        "dataset": "digits",
+                        "method": method,
+                        "features": features,
+                        "preprocessing": pre,
+                        "epsilon": epsilon,
+                    },
+                )
+            )
+    for epochs, rate in itertools.product((40, 60, 80), (16.0, 32.0)):
+        learner = {
+            "clip_norm": 0.1,
+            "optimizer": "momentum",
+            "momentum": 0.9,
+            "batch_size": 8192,
+            "epochs": epochs,
+            "learning_rate": rate,
+        }
+        runs.append(
+            (
+                f"B=8192 epochs={epochs} lr={rate:g}",
+                {
+                    "dataset": "fashion-mnist",
+                    "method": "dp-sgd-linear",
+                    "features": "scatternet",
+                    "preprocessing": GROUP_NORM,
+                    "epsilon": 8.0,
+                    "learner": learner,
+                },
+            )
+        )
+    return runs
+
+
+def tune(quick: bool) -> tuple[list[dict[str, Any]], str]:
+    rows = []
+    runs = _tune_runs()
+    if quick:
+        runs = [r for r in runs if r[1]["dataset"] == "digits"][:3]
+    for number, (label, fields) in enumerate(runs, 1):
+        scores = []
+        for seed in (0,) if quick else (0, 1):
+            run = dpvision.train(**fields, seed=seed, validation_fraction=0.2)
+            scores.append(run.result["validation_accuracy"])
+        row = {
+            "dataset": fields["dataset"],
+            "epsilon": fields["epsilon"],
+            "setting": label,
+            "validation_accuracy": statistics.mean(scores),
+        }
+        rows.append(row)
+        print(f"[{number}/{len(runs)}] {row}", file=sys.stderr, flush=True)
+    lines = []
+    for (dataset, epsilon), group in itertools.groupby(
+        rows, key=lambda r: (r["dataset"], r["epsilon"])
+    ):
+        ranked = sorted(group, key=lambda r: -r["validation_accuracy"])
+        lines += [f"### {dataset}, ε = {epsilon:g}", "", "| setting | validation % |", "|---|---|"]
+        for place, row in enumerate(ranked):
+            cell = f"{100 * row['validation_accuracy']:.2f}"
+            lines.append(f"| {row['setting']} | {'**' + cell + '**' if place == 0 else cell} |")
+        lines.append("")
+    return rows, "\n".join(lines)
+
+
+def table(quick: bool) -> tuple[list[dict[str, Any]], str]:
+    rows = []
+    datasets = ("digits",) if quick else ("fashion-mnist", "digits")
+    epsilons = (3.0,) if quick else EPSILONS
+    for dataset, epsilon in itertools.product(datasets, epsilons):
+        results = []
+        for seed in (0,) if quick else SEEDS:
+            run = dpvision.train(dataset=dataset, epsilon=epsilon, seed=seed)
+            results.append(run.result)
+            print(
+                f"{dataset} ε={epsilon:g} seed={seed}: {run.test_accuracy:.4f} "
+                f"({run.result['wall_seconds']:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+        accuracies = [r["test_accuracy"] for r in results]
+        rows.append(
+            {
+                "dataset": dataset,
+                "epsilon": epsilon,
+                "recipe": results[0]["recipe"]["summary"],
+                "test_accuracy_median": statistics.median(accuracies),
+                "test_accuracies": accuracies,
+                "max_epsilon_spent": max(r["epsilon"] for r in results),
+                "wall_seconds_median": statistics.median(r["wall_seconds"] for r in results),
+            }
+        )
+    lines = [
+        "| dataset | ε | test accuracy % (median; min–max) | ε spent (max) | s per run | recipe |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        acc = row["test_accuracies"]
+        lines.append(
+            f"| {row['dataset']} | {row['epsilon']:g} | "
+            f"**{100 * row['test_accuracy_median']:.2f}** "
+            f"({100 * min(acc):.2f}–{100 * max(acc):.2f}) | {row['max_epsilon_spent']:.4f} | "
+            f"{row['wall_seconds_median']:.0f} | {row['recipe']} |"
+        )
+    return rows, "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=("tune", "table"), default="table")
+    parser.add_argument("--quick", action="store_true", help="a few runs, one seed (smoke)")
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    args = parser.parse_args()
+    start = time.perf_counter()
+    rows, body = (tune if args.part == "tune" else table)(args.quick)
+    meta = {
+        "command": "python benchmarks/default_recipe.py " + " ".join(sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{os.cpu_count()} CPU cores, {platform.machine()}, torch CPU",
+        "wall_minutes": (time.perf_counter() - start) / 60,
+    }
+    title = {
+        "tune": "Default recipe: validation-split evidence",
+        "table": "Default recipe: `dpvision train --dataset NAME --epsilon E`, nothing else",
+    }[args.part]
+    text = (
+        f"# {title}\n\nGenerated by `{meta['command']}` on {meta['date']} ({meta['machine']}) "
+        f"in {meta['wall_minutes']:.1f} min. δ = 1e-5.\n\n{body}"
+    )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    name = f"default_recipe_{args.part}" + ("_quick" if args.quick else "")
+    write_json_atomic(out / f"{name}.json", {"meta": meta, "rows": rows})
+    tmp = out / f".{name}.md.tmp"
+    tmp.write_text(text)
+    os.replace(tmp, out / f"{name}.md")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

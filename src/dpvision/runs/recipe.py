@@ -1,0 +1,108 @@
+"""The default recipe applied when a run starts: ``method = "auto"`` and ``dp-sgd``'s
+``learner.model = "auto"`` resolved from the public facts of the data (the number of
+training examples N and the image shape), with what was chosen and why for the result.
+
+The rules are :mod:`dpvision.recipes`; this module only reads the facts and fills them in.
+"""
+
+import dataclasses
+from typing import Any
+
+from dpvision.config import TrainConfig, validate
+from dpvision.data.public import training_rows
+from dpvision.features import parse_feature_spec
+from dpvision.features.precomputed import load_feature_files
+from dpvision.recipes import (
+    AUTO,
+    RECIPE_METHOD,
+    default_features,
+    default_model,
+    default_preprocessing,
+    describe,
+    linear_schedule,
+    schedule_for,
+)
+
+__all__ = ["apply_recipe"]
+
+
+def apply_recipe(config: TrainConfig) -> tuple[TrainConfig, dict[str, Any]]:
+    """The config with every ``auto`` left resolved, and the result's ``recipe`` entry:
+    ``default`` (whether the method came from the recipe), ``set`` (the options the recipe
+    filled in, dotted), ``why`` and ``summary`` (one line, printed after the run).
+
+    Privacy: reads N (public, as in every sample rate B/N) and the image shape, never the
+    labels or the pixels' values; the options the user set are kept.
+    """
+    chosen: dict[str, Any] = {}
+    why = "as configured"
+    model = config.learner.get("model", AUTO)
+    needs_model = config.method in ("dp-sgd", "dp-randp") and model == AUTO
+    if config.method == AUTO or config.features == AUTO or needs_model:
+        num_train, image_shape = _facts(config)
+        if config.features == AUTO:
+            assert image_shape is not None  # precomputed features are never auto
+            chosen["features"] = default_features(config.method, image_shape)
+            pre = config.preprocessing
+            if pre.kind == AUTO:
+                chosen["preprocessing"] = default_preprocessing(
+                    config.method, chosen["features"], image_shape[0]
+                )
+                pre = dataclasses.replace(pre, **chosen["preprocessing"])
+            config = dataclasses.replace(config, features=chosen["features"], preprocessing=pre)
+        if config.method == AUTO:
+            schedule = {
+                key: value
+                for key, value in linear_schedule(num_train, config.epsilon).items()
+                if key not in config.learner
+            }
+            chosen["method"] = RECIPE_METHOD
+            chosen.update({f"learner.{key}": value for key, value in schedule.items()})
+            tuned = schedule_for(config.epsilon).epsilon
+            target = "a fixed σ" if config.epsilon is None else f"ε = {config.epsilon:g}"
+            why = (
+                f"the default recipe for N = {num_train} at {target} (schedule tuned at "
+                f"ε = {tuned:g}; docs/guide/recipes.md)"
+            )
+            config = dataclasses.replace(
+                config, method=RECIPE_METHOD, learner={**config.learner, **schedule}
+            )
+        if needs_model and image_shape is not None:
+            chosen["learner.model"] = default_model(image_shape, config.features)
+            why += (
+                f"; model {chosen['learner.model']} fits "
+                f"{'×'.join(str(v) for v in image_shape)} images"
+            )
+            config = dataclasses.replace(
+                config, learner={**config.learner, "model": chosen["learner.model"]}
+            )
+        config = validate(config)
+    recipe = {"default": "method" in chosen, "set": chosen, "why": why}
+    if "features" in chosen and "method" not in chosen:
+        recipe["why"] += f"; features {chosen['features']} are the default of {config.method}"
+    recipe["summary"] = describe(dataclasses.asdict(config), recipe)
+    return config, recipe
+
+
+def _facts(config: TrainConfig) -> tuple[int, tuple[int, int, int] | None]:
+    """N (training rows after the validation and public splits) and the image shape
+    (C, H, W); no shape for precomputed feature vectors."""
+    spec = parse_feature_spec("pixels" if config.features == AUTO else config.features)
+    if spec.name == "precomputed":
+        assert spec.path is not None  # checked by FeatureSpec
+        files = load_feature_files(spec.path, config.dataset, config.num_classes)
+        return _training_count(config, len(files.train)), None
+    dataset = config.load_dataset()
+    height, width, channels = dataset.image_shape
+    shape = (channels, height, width)
+    return _training_count(config, len(dataset.train_labels)), shape
+
+
+def _training_count(config: TrainConfig, total: int) -> int:
+    rows, _ = training_rows(
+        total,
+        public_fraction=config.public_fraction,
+        validation_fraction=config.validation_fraction,
+        seed=config.seed,
+    )
+    return len(rows)

@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("models", "data"),
     ("per_example",),
     ("features", "learners"),
-    ("training",),
+    ("training", "recipes"),
     ("privacy_engine", "config"),
     ("runs",),
     ("audit", "report", "testing"),

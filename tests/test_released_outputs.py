@@ -60,6 +60,8 @@ JUSTIFIED = {
     "phase2_epsilon_fraction": "accounting",
     "phase2_parameters": "public: the architecture",
     "pretrain": "public: Phase I options (synthetic data)",
+    "recipe": "public: what the default recipe chose from the config, ε, n and the image "
+    "shape, and why",
 }
 HISTORY_FIELDS = {"step", "phase", "test_accuracy", "test_accuracy_ema"}
 

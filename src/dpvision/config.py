@@ -367,7 +367,8 @@ def _resolve_auto(config: TrainConfig) -> TrainConfig:
     if features == AUTO and config.method not in (AUTO, RECIPE_METHOD):
         features = default_features(config.method)
     pre = config.preprocessing
-    if pre.kind == AUTO and features != AUTO:
+    recipe_pixels = features == "pixels" and config.method in (AUTO, RECIPE_METHOD)
+    if pre.kind == AUTO and features != AUTO and not recipe_pixels:  # pixels: needs C
         pre = dataclasses.replace(pre, **default_preprocessing(config.method, features))
     return dataclasses.replace(config, features=features, preprocessing=pre)
 

@@ -55,8 +55,9 @@ def _tnb_gamma(mean: float, shape: float) -> float:
     return optimize.brentq(excess, 1e-15, 1 - 1e-15, xtol=1e-15, rtol=1e-15)
 
 
-def _papernot_steinke_epsilon(sigma: float, mean: float, shape: float) -> float:
-    """ε at δ = 1e-5 of the best of K full-batch Gaussians, from the paper's theorems.
+def _papernot_steinke_from_rdp(rdp: np.ndarray, mean: float, shape: float) -> float:
+    """ε at δ = 1e-5 of the best of K runs of a mechanism with RDP ``rdp`` at RDP_ORDERS,
+    from the paper's theorems.
 
     Theorem 2 (TNB(η, γ)): RDP'(λ) = RDP(λ) + (1+η)(1 − 1/λ̂)RDP(λ̂) + (1+η)log(1/γ)/λ̂
     + log(μ)/(λ−1), for any λ̂ (minimised over the grid). Theorem 6 (Poisson): RDP'(λ) =
@@ -64,7 +65,6 @@ def _papernot_steinke_epsilon(sigma: float, mean: float, shape: float) -> float:
     grows with the order, so each order may take the bound of any larger one.
     """
     orders = np.asarray(RDP_ORDERS, dtype=float)
-    rdp = np.array([_gaussian_rdp(a, sigma) for a in orders])
     out = np.full_like(orders, np.inf)
     if math.isinf(shape):
         for i, a in enumerate(orders):
@@ -81,6 +81,14 @@ def _papernot_steinke_epsilon(sigma: float, mean: float, shape: float) -> float:
                 out[i] = rdp[i] + constant + math.log(mean) / (a - 1)
     out = np.minimum.accumulate(out[::-1])[::-1]  # monotonicity in the order
     return _epsilon_from_rdp(orders, out, DELTA)
+
+
+def _papernot_steinke_epsilon(sigma: float, mean: float, shape: float) -> float:
+    """ε at δ = 1e-5 of the best of K full-batch Gaussians of noise multiplier σ."""
+    orders = np.asarray(RDP_ORDERS, dtype=float)
+    return _papernot_steinke_from_rdp(
+        np.array([_gaussian_rdp(a, sigma) for a in orders]), mean, shape
+    )
 
 
 @pytest.mark.parametrize("shape", [0.0, 0.5, 1.0, 2.0, math.inf])
@@ -151,3 +159,43 @@ def test_describe_names_the_distribution():
     assert Repetitions(10, 1).describe() == "geometric, mean 10"
     assert Repetitions(10, 0).describe() == "logarithmic, mean 10"
     assert Repetitions(4, 0.5).describe() == "truncated negative binomial, η = 0.5, mean 4"
+
+
+@pytest.mark.parametrize("distribution", ["geometric", "tnb:0.5", "poisson"])
+def test_a_tune_run_reports_the_papernot_steinke_bound_of_its_candidates(distribution, tmp_path):
+    """`dpvision tune` over full-batch candidates of different lengths (a mixture): the
+    ledger's ε is the paper's bound on the pointwise maximum of the candidates' RDP
+    (T·α/(2σ²) for training, α/(2σ_v²) for the noisy score), computed here from scratch."""
+    from dpvision.config import resolve
+    from dpvision.runs.tune import TuneSettings, parse_search, run_tune
+
+    base = resolve(
+        sets=[
+            "dataset='digits'",
+            "method='dp-sgd-linear'",
+            "features='pixels'",
+            "learner.batch_size=100000",  # full batch: q = 1
+            "epsilon=2.0",
+        ]
+    )
+    search = parse_search(["learner.epochs=2,5", "learner.learning_rate=0.5,1.0"])
+    settings = TuneSettings(distribution, mean_runs=3.0)
+    result, _ = run_tune(base, search, settings, quiet=True)
+    tuning = result["tuning"]
+    orders = np.asarray(RDP_ORDERS, dtype=float)
+    steps = [c["learner.epochs"] for c in tuning["candidates"]]
+    inner = np.max(
+        [
+            orders * (t / (2 * s**2) + 1 / (2 * tuning["score_noise"] ** 2))
+            for t, s in zip(steps, tuning["noise_multipliers"], strict=True)
+        ],
+        axis=0,
+    )
+    shape = math.inf if tuning["shape"] == "inf" else tuning["shape"]
+    expected = _papernot_steinke_from_rdp(inner, 3.0, shape)
+    assert result["epsilon"] == pytest.approx(expected, rel=1e-6)
+    assert 0.999 * 2.0 <= result["epsilon"] <= 2.0  # calibrated to the target, never above
+    assert result["accountant"] == "rdp"
+    [entry] = result["privacy_ledger"]
+    assert entry["mechanism"] == "repeat-and-select"
+    assert len(entry["candidates"]) == 4

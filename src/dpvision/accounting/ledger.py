@@ -16,14 +16,33 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import dp_accounting
+import numpy as np
+from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
-from dpvision.accounting._checks import check_noise_multiplier, check_sample_rate, check_steps
-from dpvision.accounting.accountants import Accountant, compute_epsilon
+from dpvision.accounting._checks import (
+    check_delta,
+    check_noise_multiplier,
+    check_sample_rate,
+    check_steps,
+)
+from dpvision.accounting.accountants import (
+    RDP_ORDERS,
+    Accountant,
+    compute_epsilon,
+    parse_accountant,
+)
 from dpvision.accounting.events import compose_events, gaussian_event, poisson_gaussian_event
+from dpvision.accounting.selection import (
+    Repetitions,
+    rdp_curve,
+    repeat_and_select_event,
+    selection_rdp,
+)
 from dpvision.errors import DPVisionError
 
 LEDGER_FORMAT = "dpvision-ledger/1"
 NON_PRIVATE = "none"
+SELECTION = "repeat-and-select"
 NEIGHBORING_RELATION = "add_or_remove_one"
 
 
@@ -85,6 +104,121 @@ class LedgerEntry:
         return {**asdict(self), "sampling": self.sampling}
 
 
+@dataclass(frozen=True)
+class SelectionEntry:
+    """A private selection (:mod:`dpvision.accounting.selection`): K runs of a mechanism Q,
+    K drawn from ``Repetitions(mean, shape)``, only the best run released.
+
+    Each run of Q draws one candidate, independently of the data, and makes that
+    candidate's releases (``candidates[i]``: its training and its noisy score, as ledger
+    entries). Accounted with RDP: the candidates' pointwise-maximum RDP curve, then
+    Papernot & Steinke's bound (:func:`~dpvision.accounting.selection.selection_rdp`).
+
+    Attributes:
+      candidates: every candidate's releases, whether or not it was drawn.
+      mean, shape: the distribution of K (:class:`~dpvision.accounting.Repetitions`).
+      released: what was released, in words.
+      count: how many such selections ran (1).
+    """
+
+    candidates: tuple[tuple[LedgerEntry, ...], ...]
+    mean: float
+    shape: float
+    released: str
+    count: int = 1
+    mechanism: str = SELECTION
+
+    def __post_init__(self) -> None:
+        check_steps(self.count, "count")
+        if self.mechanism != SELECTION:
+            raise DPVisionError(f"a selection entry has mechanism {SELECTION!r}")
+        if not self.candidates or not all(self.candidates):
+            raise DPVisionError("a selection entry needs candidates, each with its releases")
+        for releases in self.candidates:
+            for entry in releases:
+                if not isinstance(entry, LedgerEntry) or entry.mechanism != "gaussian":
+                    raise DPVisionError("a selection's candidates make Gaussian releases only")
+        self.repetitions  # noqa: B018 (checks mean and shape)
+
+    @property
+    def repetitions(self) -> Repetitions:
+        return Repetitions(float(self.mean), float(self.shape))
+
+    def candidate_events(self) -> list[dp_accounting.DpEvent]:
+        """One composed DpEvent per candidate: Q's mechanism when it draws that candidate."""
+        return [compose_events([e.dp_event() for e in releases]) for releases in self.candidates]
+
+    def rdp(self, orders: tuple[float, ...] = RDP_ORDERS) -> np.ndarray:
+        """The RDP of the ``count`` selections at ``orders``."""
+        return self.count * selection_rdp(self.candidate_events(), self.repetitions, orders)
+
+    def dp_event(self) -> dp_accounting.DpEvent:
+        """dp-accounting's ``RepeatAndSelectDpEvent`` when every candidate makes the same
+        releases; a selection among different releases (a mixture) has no DpEvent:
+        :meth:`PrivacyLedger.epsilon` accounts it from :meth:`rdp`."""
+        events = self.candidate_events()
+        if any(event != events[0] for event in events):
+            raise DPVisionError(
+                "a selection among candidates with different releases is a mixture, which "
+                "no single DpEvent describes; use the ledger's epsilon (RDP)"
+            )
+        selection = repeat_and_select_event(events[0], self.repetitions)
+        return (
+            selection
+            if self.count == 1
+            else dp_accounting.SelfComposedDpEvent(selection, self.count)
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "mechanism": self.mechanism,
+            "released": self.released,
+            "count": self.count,
+            "mean": self.mean,
+            "shape": self.shape if math.isfinite(self.shape) else "inf",
+            "candidates": [[e.to_dict() for e in releases] for releases in self.candidates],
+        }
+
+
+_ENTRY_FIELDS = {
+    "noise_multiplier",
+    "sample_rate",
+    "count",
+    "released",
+    "l2_sensitivity",
+    "mechanism",
+}
+
+
+def _entry_from_dict(raw: Any) -> "LedgerEntry | SelectionEntry":
+    if not isinstance(raw, dict):
+        raise DPVisionError("malformed privacy ledger entry: expected an object")
+    try:
+        if raw.get("mechanism") == SELECTION:
+            candidates = raw.get("candidates")
+            if not isinstance(candidates, list) or not all(isinstance(c, list) for c in candidates):
+                raise DPVisionError("malformed privacy ledger entry: candidates must be lists")
+            return SelectionEntry(
+                candidates=tuple(
+                    tuple(_gaussian_entry(entry) for entry in releases) for releases in candidates
+                ),
+                mean=float(raw["mean"]),
+                shape=float(raw["shape"]),
+                released=str(raw["released"]),
+                count=raw.get("count", 1),
+            )
+        return LedgerEntry(**{k: v for k, v in raw.items() if k in _ENTRY_FIELDS})
+    except (TypeError, KeyError, ValueError) as error:
+        raise DPVisionError(f"malformed privacy ledger entry: {error}") from None
+
+
+def _gaussian_entry(raw: Any) -> LedgerEntry:
+    entry = _entry_from_dict(raw)
+    if not isinstance(entry, LedgerEntry):
+        raise DPVisionError("malformed privacy ledger entry: a selection inside a selection")
+    return entry
+
+
 class PrivacyLedger:
     """An ordered, append-only record of the Gaussian releases a run made.
 
@@ -99,12 +233,12 @@ class PrivacyLedger:
       True
     """
 
-    def __init__(self, entries: Iterable[LedgerEntry] = ()) -> None:
-        self._entries: list[LedgerEntry] = []
+    def __init__(self, entries: "Iterable[LedgerEntry | SelectionEntry]" = ()) -> None:
+        self._entries: list[LedgerEntry | SelectionEntry] = []
         for entry in entries:
             self._append(entry)
 
-    def _append(self, entry: LedgerEntry) -> None:
+    def _append(self, entry: "LedgerEntry | SelectionEntry") -> None:
         last = self._entries[-1] if self._entries else None
         if last is not None and replace(last, count=entry.count) == entry:
             self._entries[-1] = replace(last, count=last.count + entry.count)
@@ -154,10 +288,10 @@ class PrivacyLedger:
             self._append(entry)
 
     @property
-    def entries(self) -> tuple[LedgerEntry, ...]:
+    def entries(self) -> "tuple[LedgerEntry | SelectionEntry, ...]":
         return tuple(self._entries)
 
-    def __iter__(self) -> Iterator[LedgerEntry]:
+    def __iter__(self) -> "Iterator[LedgerEntry | SelectionEntry]":
         return iter(tuple(self._entries))
 
     def __len__(self) -> int:
@@ -179,8 +313,34 @@ class PrivacyLedger:
         return compose_events([entry.dp_event() for entry in self._entries])
 
     def epsilon(self, delta: float, accountant: "Accountant | str | None" = None) -> float:
-        """ε of the whole record at ``delta`` (the tightest valid accountant by default)."""
-        return compute_epsilon(self.dp_event(), delta=delta, accountant=accountant)
+        """ε of the whole record at ``delta`` (the tightest valid accountant by default).
+
+        A record with a private selection is accounted with RDP (the only accountant with a
+        rule for it): the sum of every entry's RDP curve, converted by dp-accounting.
+        """
+        if not any(isinstance(entry, SelectionEntry) for entry in self._entries):
+            return compute_epsilon(self.dp_event(), delta=delta, accountant=accountant)
+        if accountant is not None and parse_accountant(accountant) is not Accountant.RDP:
+            raise DPVisionError(
+                f"the {parse_accountant(accountant)} accountant cannot account for a private "
+                "selection; use rdp"
+            )
+        curve = sum(
+            (
+                entry.rdp()
+                if isinstance(entry, SelectionEntry)
+                else rdp_curve(entry.dp_event(), RDP_ORDERS)
+            )
+            for entry in self._entries
+        )
+        epsilon, _ = rdp.compute_epsilon(list(RDP_ORDERS), curve, check_delta(delta))
+        return max(0.0, float(epsilon))
+
+    def record_selection(self, entry: SelectionEntry) -> None:
+        """Appends a private selection (its candidates' releases inside it)."""
+        if not isinstance(entry, SelectionEntry):
+            raise DPVisionError("record_selection takes a SelectionEntry")
+        self._append(entry)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -201,22 +361,7 @@ class PrivacyLedger:
             raise DPVisionError(
                 f"unsupported neighboring relation {data.get('neighboring_relation')!r}"
             )
-        fields = {
-            "noise_multiplier",
-            "sample_rate",
-            "count",
-            "released",
-            "l2_sensitivity",
-            "mechanism",
-        }
-        entries = []
-        for raw in data.get("entries", []):
-            if not isinstance(raw, dict):
-                raise DPVisionError("malformed privacy ledger entry: expected an object")
-            try:
-                entries.append(LedgerEntry(**{k: v for k, v in raw.items() if k in fields}))
-            except TypeError as error:
-                raise DPVisionError(f"malformed privacy ledger entry: {error}") from None
+        entries = [_entry_from_dict(raw) for raw in data.get("entries", [])]
         return cls(entries)
 
     @classmethod

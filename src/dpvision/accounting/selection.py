@@ -17,19 +17,31 @@ The accounting is dp-accounting's ``RepeatAndSelectDpEvent`` under its RDP accou
 
 Privacy: the theorems need Q to be one fixed mechanism; candidates drawn at random (from a
 data-independent distribution) make Q a mixture, which is as private as its least private
-component at every Rényi order. The score Q outputs must itself be private (e.g. a noisy
-count of correct validation examples) and its release part of Q's event.
+component at every Rényi order (Rényi divergence is jointly quasi-convex: van Erven &
+Harremoës 2014, Theorem 13; releasing which candidate ran keeps the bound).
+:func:`selection_rdp` bounds Q by the pointwise maximum of the candidates' RDP curves, each
+from dp-accounting's RDP accountant. The score Q outputs must itself be private (e.g. a
+noisy count of correct validation examples) and its release part of Q's event.
 """
 
 import dataclasses
 import math
+from collections.abc import Sequence
 
 import dp_accounting
 import numpy as np
+from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
+from dpvision.accounting.accountants import RDP_ORDERS
 from dpvision.errors import DPVisionError
 
-__all__ = ["Repetitions", "repeat_and_select_event"]
+__all__ = [
+    "Repetitions",
+    "rdp_curve",
+    "repeat_and_select_event",
+    "selection_epsilon",
+    "selection_rdp",
+]
 
 _GAMMA_TOLERANCE = 1e-12
 
@@ -114,6 +126,57 @@ def repeat_and_select_event(
     return dp_accounting.dp_event.RepeatAndSelectDpEvent(
         event, float(repetitions.mean), float(repetitions.shape)
     )
+
+
+def rdp_curve(event: dp_accounting.DpEvent, orders: Sequence[float] = RDP_ORDERS) -> np.ndarray:
+    """The RDP of ``event`` at each of ``orders`` (dp-accounting's RDP accountant)."""
+    accountant = rdp.RdpAccountant(list(orders))
+    if not accountant.supports(event):
+        raise DPVisionError(f"the RDP accountant cannot account for {type(event).__name__}")
+    accountant.compose(event)
+    return np.asarray(accountant.rdp, dtype=float)
+
+
+def selection_rdp(
+    candidates: Sequence[dp_accounting.DpEvent],
+    repetitions: Repetitions,
+    orders: Sequence[float] = RDP_ORDERS,
+) -> np.ndarray:
+    """The RDP at ``orders`` of releasing the best of K runs of Q, K ~ ``repetitions``,
+    where each run of Q runs one of ``candidates`` drawn independently of the data.
+
+    Q's RDP is bounded by the candidates' pointwise maximum (the mixture bound of the module
+    docstring); the Papernot–Steinke rule is dp-accounting's, the one its RDP accountant
+    applies to a ``RepeatAndSelectDpEvent`` (so one candidate gives exactly that event's
+    RDP).
+    """
+    if not candidates:
+        raise DPVisionError("a private selection needs at least one candidate")
+    inner = np.max([rdp_curve(event, orders) for event in candidates], axis=0)
+    # dp-accounting (pinned < 0.7) applies this rule inside RdpAccountant.compose and has
+    # no public function for a curve that is not one DpEvent's; tests check it against the
+    # public RepeatAndSelectDpEvent and against the paper's theorems computed afresh.
+    return np.asarray(
+        rdp._compute_rdp_repeat_and_select(
+            list(orders), inner, float(repetitions.mean), float(repetitions.shape)
+        ),
+        dtype=float,
+    )
+
+
+def selection_epsilon(
+    candidates: Sequence[dp_accounting.DpEvent],
+    repetitions: Repetitions,
+    *,
+    delta: float,
+    orders: Sequence[float] = RDP_ORDERS,
+) -> float:
+    """ε at ``delta`` of :func:`selection_rdp` (RDP to (ε, δ) by dp-accounting's
+    conversion)."""
+    epsilon, _ = rdp.compute_epsilon(
+        list(orders), selection_rdp(candidates, repetitions, orders), delta
+    )
+    return max(0.0, float(epsilon))
 
 
 def _tnb_mean(gamma: float, shape: float) -> float:

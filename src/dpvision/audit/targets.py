@@ -50,6 +50,7 @@ from dpvision.models.registry import build_model
 from dpvision.per_example import ClippedGradientSum, functional_clipped_sum
 from dpvision.runs import features as feature_runs
 from dpvision.runs.dpsgd import noise_multiplier_for, run_seeds
+from dpvision.runs.recipe import apply_recipe
 from dpvision.training.engine import GradientRelease, ParameterEMA, noisy_step
 from dpvision.training.optimizers import make_optimizer
 
@@ -398,7 +399,9 @@ class DPSGDTarget(AuditTarget):
 
 
 def make_target(config: TrainConfig, data: AuditData) -> AuditTarget:
-    """The audit target for ``config.method``."""
+    """The audit target for ``config.method``, what it leaves ``auto`` resolved as
+    ``dpvision train`` resolves it."""
+    config, _ = apply_recipe(config)
     if config.method == "dp-randp":
         raise DPVisionError(
             "dpvision audit does not train dp-randp runs; audit its DP-SGD engine with "

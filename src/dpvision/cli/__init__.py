@@ -5,6 +5,7 @@ Commands:
   dpvision privacy noise    the noise multiplier σ that meets a target (ε, δ)
   dpvision privacy steps    how many steps a noise multiplier allows within (ε, δ)
   dpvision train            train a private classifier and write its result JSON
+  dpvision tune             private hyper-parameter selection, accounted in ε
   dpvision predict          classify images with a saved model (train --save)
   dpvision evaluate         a saved model's accuracy on a test split
   dpvision audit            an empirical ε lower bound by membership inference
@@ -23,7 +24,7 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from dpvision.cli import audit, cache, model, pretrain, privacy, report, train
+from dpvision.cli import audit, cache, model, pretrain, privacy, report, train, tune
 from dpvision.cli.arguments import EXIT_USAGE, Parser
 from dpvision.cli.pretrain import SYNTHETIC_KINDS
 from dpvision.errors import DPVisionError
@@ -35,6 +36,7 @@ __all__ = ["SYNTHETIC_KINDS", "build_parser", "main"]
 COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
     "privacy": privacy.run,
     "train": train.run,
+    "tune": tune.run,
     "audit": audit.run,
     "pretrain": pretrain.run_pretrain,
     "synth": pretrain.run_synth,
@@ -58,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     privacy.add_parser(commands)
     train.add_parser(commands)
+    tune.add_parser(commands)
     audit.add_parser(commands)
     pretrain.add_pretrain_parser(commands)
     pretrain.add_synth_parser(commands)

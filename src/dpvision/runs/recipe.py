@@ -23,7 +23,7 @@ from dpvision.recipes import (
     schedule_for,
 )
 
-__all__ = ["apply_recipe"]
+__all__ = ["DataFacts", "apply_recipe", "data_facts"]
 
 
 def apply_recipe(config: TrainConfig) -> tuple[TrainConfig, dict[str, Any]]:
@@ -38,18 +38,22 @@ def apply_recipe(config: TrainConfig) -> tuple[TrainConfig, dict[str, Any]]:
     why = "as configured"
     model = config.learner.get("model", AUTO)
     needs_model = config.method in ("dp-sgd", "dp-randp") and model == AUTO
-    if config.method == AUTO or config.features == AUTO or needs_model:
-        num_train, image_shape = _facts(config)
-        if config.features == AUTO:
+    pending = config.features == AUTO or config.preprocessing.kind == AUTO
+    if config.method == AUTO or pending or needs_model:
+        facts = data_facts(config)
+        num_train, image_shape = facts.num_train, facts.image_shape
+        if pending:
             assert image_shape is not None  # precomputed features are never auto
-            chosen["features"] = default_features(config.method, image_shape)
+            features = config.features
+            if features == AUTO:
+                features = chosen["features"] = default_features(config.method, image_shape)
             pre = config.preprocessing
             if pre.kind == AUTO:
                 chosen["preprocessing"] = default_preprocessing(
-                    config.method, chosen["features"], image_shape[0]
+                    config.method, features, image_shape[0]
                 )
                 pre = dataclasses.replace(pre, **chosen["preprocessing"])
-            config = dataclasses.replace(config, features=chosen["features"], preprocessing=pre)
+            config = dataclasses.replace(config, features=features, preprocessing=pre)
         if config.method == AUTO:
             schedule = {
                 key: value
@@ -84,25 +88,37 @@ def apply_recipe(config: TrainConfig) -> tuple[TrainConfig, dict[str, Any]]:
     return config, recipe
 
 
-def _facts(config: TrainConfig) -> tuple[int, tuple[int, int, int] | None]:
-    """N (training rows after the validation and public splits) and the image shape
-    (C, H, W); no shape for precomputed feature vectors."""
+@dataclasses.dataclass(frozen=True)
+class DataFacts:
+    """The public facts of a run's data the recipe reads.
+
+    Attributes:
+      num_train: N, the rows trained on (after the public and validation splits).
+      num_validation: the rows held out for validation.
+      image_shape: (C, H, W), or ``None`` for precomputed feature vectors.
+    """
+
+    num_train: int
+    num_validation: int
+    image_shape: tuple[int, int, int] | None
+
+
+def data_facts(config: TrainConfig) -> DataFacts:
+    """N, the validation rows and the image shape of ``config``'s data: sizes and shapes,
+    never a pixel or a label."""
     spec = parse_feature_spec("pixels" if config.features == AUTO else config.features)
+    shape: tuple[int, int, int] | None = None
     if spec.name == "precomputed":
         assert spec.path is not None  # checked by FeatureSpec
-        files = load_feature_files(spec.path, config.dataset, config.num_classes)
-        return _training_count(config, len(files.train)), None
-    dataset = config.load_dataset()
-    height, width, channels = dataset.image_shape
-    shape = (channels, height, width)
-    return _training_count(config, len(dataset.train_labels)), shape
-
-
-def _training_count(config: TrainConfig, total: int) -> int:
-    rows, _ = training_rows(
+        total = len(load_feature_files(spec.path, config.dataset, config.num_classes).train)
+    else:
+        dataset = config.load_dataset()
+        height, width, channels = dataset.image_shape
+        total, shape = len(dataset.train_labels), (channels, height, width)
+    rows, held = training_rows(
         total,
         public_fraction=config.public_fraction,
         validation_fraction=config.validation_fraction,
         seed=config.seed,
     )
-    return len(rows)
+    return DataFacts(len(rows), len(held), shape)

@@ -1,0 +1,457 @@
+"""``dpvision tune``: private hyper-parameter selection whose cost is in the ledger.
+
+Papernot & Steinke (ICLR 2022): the mechanism Q draws one candidate uniformly at random
+(a public coin), trains it on the training part of a seeded split of the private data and
+releases a noisy count of the validation examples it classifies correctly; Q runs K times,
+K drawn from :class:`~dpvision.accounting.Repetitions` (public coins too), and only the run
+with the best noisy score is released: its model, its candidate, its noisy score. The
+other runs' scores and models are discarded, never printed.
+
+Calibration: every candidate trains with its single-run σ for the target ε (RDP, the
+accountant that accounts the selection) multiplied by one common factor s ≥ 1, the
+smallest for which the whole selection — the candidates' pointwise-maximum RDP curve
+(training plus the noisy score), then Papernot & Steinke's bound — stays within the target.
+
+Privacy: Q's releases when it draws candidate c are c's Gaussian releases (its clipped
+sums, sensitivity as in each learner) and the count of correct validation examples plus
+N(0, σ_v²), sensitivity 1: a neighbouring dataset's extra example lands in the training or
+the validation part (a seeded split that reads no example), and Q's RDP is bounded by the
+sum of the two. The ledger holds one :class:`~dpvision.accounting.ledger.SelectionEntry`
+with every candidate's releases; the reported ε is its RDP bound and never exceeds the
+target. Each run's ledger is checked against the releases the selection was calibrated
+for before anything is released.
+"""
+
+import dataclasses
+import itertools
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from dpvision.accounting import Repetitions, calibrate_noise_multiplier
+from dpvision.accounting.ledger import LedgerEntry, PrivacyLedger, SelectionEntry
+from dpvision.accounting.selection import selection_epsilon
+from dpvision.config import TrainConfig, override, parse_override, validate
+from dpvision.errors import DPVisionError
+from dpvision.learners import LEARNERS
+from dpvision.log import say
+from dpvision.runs.recipe import apply_recipe, data_facts
+from dpvision.runs.saved import TrainedModel, privacy_of
+from dpvision.runs.train import fit
+
+__all__ = [
+    "Search",
+    "TuneSettings",
+    "parse_distribution",
+    "parse_search",
+    "release_score",
+    "run_tune",
+]
+
+# What a search may not vary: the budget itself, and what the selection fixes.
+_NOT_SEARCHABLE = (
+    "epsilon",
+    "delta",
+    "noise_multiplier",
+    "accountant",
+    "seed",
+    "validation_fraction",
+    "public_fraction",
+    "dataset",
+    "data_dir",
+    "num_classes",
+)
+MAX_CANDIDATES = 1000
+DEFAULT_VALIDATION_FRACTION = 0.1
+SCORE_SHARE = 0.1
+"""The default score noise σ_v is the σ of one Gaussian release that alone is
+(SCORE_SHARE · ε, δ)-DP: about 15 at ε = 3, δ = 1e-5 (0.25 % of accuracy on 6 000
+validation examples)."""
+_STREAM = 0x74756E65  # the tune's public coins, apart from every other use of the seed
+
+
+@dataclasses.dataclass(frozen=True)
+class Search:
+    """The candidates: every combination of the values of each searched key."""
+
+    keys: tuple[str, ...]
+    values: tuple[tuple[Any, ...], ...]
+
+    def candidates(self) -> list[dict[str, Any]]:
+        return [
+            dict(zip(self.keys, combo, strict=True)) for combo in itertools.product(*self.values)
+        ]
+
+
+def parse_search(items: Sequence[str]) -> Search:
+    """``["learner.learning_rate=4,8,16", "learner.epochs=20,40"]`` → a :class:`Search`;
+    values are parsed as TOML (as ``--set``). Malformed items are one-line errors."""
+    if not items:
+        raise DPVisionError("give at least one --search KEY=V1,V2,...")
+    keys, values = [], []
+    for item in items:
+        if "=" not in item or not item.split("=", 1)[0].strip():
+            raise DPVisionError(f"--search expects KEY=V1,V2,..., got {item!r}")
+        path, _ = parse_override(item)
+        key = ".".join(path)
+        if key in keys:
+            raise DPVisionError(f"--search {item}: {key} is searched twice; give its values once")
+        if key in _NOT_SEARCHABLE:
+            raise DPVisionError(
+                f"--search {item}: {key} is fixed by the selection, not a hyper-parameter"
+            )
+        raw = [part.strip() for part in item.split("=", 1)[1].split(",")]
+        if not any(raw) or not all(raw):
+            raise DPVisionError(f"--search {item}: give values separated by commas, none empty")
+        parsed = tuple(parse_override(f"v={part}")[1] for part in raw)
+        if len(set(map(repr, parsed))) != len(parsed):
+            raise DPVisionError(f"--search {item}: a value is listed twice")
+        keys.append(key)
+        values.append(parsed)
+    search = Search(tuple(keys), tuple(values))
+    count = math.prod(len(v) for v in values)
+    if count > MAX_CANDIDATES:
+        raise DPVisionError(f"the search has {count} candidates; at most {MAX_CANDIDATES}")
+    return search
+
+
+def parse_distribution(text: str, mean: float) -> Repetitions:
+    """``geometric`` (η = 1), ``logarithmic`` (η = 0), ``poisson`` or ``tnb:ETA``."""
+    name = text.strip().lower()
+    shapes = {"geometric": 1.0, "logarithmic": 0.0, "poisson": math.inf}
+    if name in shapes:
+        return Repetitions(mean, shapes[name])
+    if name.startswith("tnb:"):
+        try:
+            shape = float(name[4:])
+        except ValueError:
+            shape = math.nan
+        if math.isfinite(shape) and shape >= 0:
+            return Repetitions(mean, shape)
+    raise DPVisionError(
+        f"unknown distribution {text!r}; choose geometric, logarithmic, poisson or tnb:ETA "
+        "(ETA >= 0)"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class TuneSettings:
+    """How the selection runs.
+
+    Attributes:
+      distribution: ``geometric``, ``logarithmic``, ``poisson`` or ``tnb:ETA``: of K.
+      mean_runs: E[K]; ``None``: the number of candidates.
+      score_noise: σ_v, the std of the noise on the count of correct validation examples
+        (sensitivity 1); ``None``: see :data:`SCORE_SHARE`.
+    """
+
+    distribution: str = "geometric"
+    mean_runs: float | None = None
+    score_noise: float | None = None
+
+    def repetitions(self, candidates: int) -> Repetitions:
+        mean = float(candidates) if self.mean_runs is None else self.mean_runs
+        return parse_distribution(self.distribution, mean)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Candidate:
+    index: int
+    setting: dict[str, Any]
+    config: TrainConfig
+    count: int  # Gaussian releases of one training run
+    sample_rate: float
+    single_sigma: float  # σ of one run at the target ε alone
+    recipe: dict[str, Any]  # what the default recipe filled in, and why
+
+
+def _set_items(setting: dict[str, Any]) -> list[str]:
+    return [f"{key}={_toml(value)}" for key, value in setting.items()]
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, str):
+        return repr(value).replace("\\'", "'")
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
+
+
+def _planned_releases(config: TrainConfig, num_train: int) -> tuple[int, float]:
+    """(count, q) of the Gaussian releases one training run of ``config`` makes."""
+    if config.method == "dp-sgd":
+        options = config.dpsgd
+        q = options.batch_size / num_train
+        steps = options.steps if options.steps is not None else math.ceil(options.epochs / q)
+        return int(steps), float(q)
+    params = {k: v for k, v in config.learner.items() if k != "device"}
+    learner = LEARNERS[config.method](**params)
+    # No learner's count depends on the feature dimension or the classes (0 here); each
+    # run's ledger is checked against this plan before anything is released.
+    count, rate = learner._releases(num_train, 0, 0)
+    return int(count), float(rate)
+
+
+def _check_candidate(config: TrainConfig, setting: dict[str, Any]) -> None:
+    where = ", ".join(_set_items(setting)) or "the base config"
+    if config.method == "dp-randp":
+        raise DPVisionError(
+            f"{where}: dp-randp spends its budget in two phases; tune the dp-sgd or feature "
+            "learners' runs"
+        )
+    if config.preprocessing.kind in ("private-norm", "center"):
+        raise DPVisionError(
+            f"{where}: preprocessing.kind = {config.preprocessing.kind} makes releases of its "
+            "own, which tune does not calibrate; use group-norm or none"
+        )
+
+
+def _candidates(base: TrainConfig, search: Search) -> tuple[list[_Candidate], int, int]:
+    """Every candidate validated and planned before any training; (candidates, N, n_val)."""
+    out: list[_Candidate] = []
+    sizes: set[tuple[int, int]] = set()
+    for index, setting in enumerate(search.candidates()):
+        config, recipe = apply_recipe(override(base, _set_items(setting)))
+        _check_candidate(config, setting)
+        facts = data_facts(config)
+        sizes.add((facts.num_train, facts.num_validation))
+        count, rate = _planned_releases(config, facts.num_train)
+        assert config.epsilon is not None  # checked by run_tune
+        sigma = calibrate_noise_multiplier(
+            target_epsilon=config.epsilon,
+            target_delta=config.delta,
+            sample_rate=rate,
+            steps=count,
+            accountant="rdp",
+        )
+        out.append(_Candidate(index, setting, config, count, rate, sigma, recipe))
+    if len(sizes) != 1:
+        raise DPVisionError("every candidate must train on the same split; search no split key")
+    ((num_train, num_validation),) = sizes
+    return out, num_train, num_validation
+
+
+def _releases(candidate: _Candidate, sigma: float, score_noise: float) -> tuple[LedgerEntry, ...]:
+    return (
+        LedgerEntry(
+            noise_multiplier=sigma,
+            sample_rate=candidate.sample_rate,
+            count=candidate.count,
+            released=f"candidate {candidate.index}: training releases",
+        ),
+        LedgerEntry(
+            noise_multiplier=score_noise,
+            sample_rate=1.0,
+            count=1,
+            released="noisy count of correct validation examples",
+            l2_sensitivity=1.0,
+        ),
+    )
+
+
+def _calibrate_scale(
+    candidates: list[_Candidate],
+    repetitions: Repetitions,
+    score_noise: float,
+    epsilon: float,
+    delta: float,
+) -> tuple[float, float]:
+    """(s, ε of the selection): the smallest common factor s ≥ 1 on the single-run σ's
+    whose selection stays within ``epsilon`` (to 0.1 % below it)."""
+
+    def total(scale: float) -> float:
+        events = [
+            SelectionEntry(
+                candidates=(_releases(c, scale * c.single_sigma, score_noise),),
+                mean=repetitions.mean,
+                shape=repetitions.shape,
+                released="",
+            ).candidate_events()[0]
+            for c in candidates
+        ]
+        return selection_epsilon(events, repetitions, delta=delta)
+
+    high = 2.0
+    while total(high) > epsilon:
+        high *= 2
+        if high > 1e4:
+            raise DPVisionError(
+                f"no noise reaches ε = {epsilon:g} for this selection: the noisy score alone "
+                "costs too much; raise --score-noise or lower --mean-runs"
+            )
+    low = 1.0
+    if total(low) <= epsilon:  # cannot happen for K ≥ 1 on average, kept for safety
+        return low, total(low)
+    while high / low > 1 + 1e-4:
+        middle = math.sqrt(low * high)
+        if total(middle) > epsilon:
+            low = middle
+        else:
+            high = middle
+    return high, total(high)
+
+
+def run_tune(
+    base: TrainConfig,
+    search: Search,
+    settings: TuneSettings = TuneSettings(),
+    *,
+    quiet: bool = False,
+) -> tuple[dict[str, Any], TrainedModel | None]:
+    """Runs the private selection; returns the result (the best run's, with ``tuning``
+    and the selection's ledger and ε) and its model — or no model when K = 0 was drawn
+    (Poisson), in which case nothing about the data is released.
+
+    Privacy: see the module docstring; the reported ε covers every run and the selection.
+    """
+    start = time.perf_counter()
+    if base.epsilon is None or not math.isfinite(base.epsilon):
+        raise DPVisionError("dpvision tune needs a finite target ε: the budget of the whole search")
+    if not base.validation_fraction:
+        base = dataclasses.replace(base, validation_fraction=DEFAULT_VALIDATION_FRACTION)
+    candidates, num_train, num_validation = _candidates(base, search)
+    repetitions = settings.repetitions(len(candidates))
+    score_noise = settings.score_noise
+    if score_noise is None:
+        score_noise = calibrate_noise_multiplier(
+            target_epsilon=SCORE_SHARE * base.epsilon,
+            target_delta=base.delta,
+            sample_rate=1.0,
+            steps=1,
+            accountant="rdp",
+        )
+    if not (math.isfinite(score_noise) and score_noise > 0):
+        raise DPVisionError(f"--score-noise must be > 0, got {score_noise}")
+    scale, epsilon = _calibrate_scale(
+        candidates, repetitions, score_noise, base.epsilon, base.delta
+    )
+    selection = SelectionEntry(
+        candidates=tuple(_releases(c, scale * c.single_sigma, score_noise) for c in candidates),
+        mean=repetitions.mean,
+        shape=repetitions.shape,
+        released="the best of K runs: its model, candidate and noisy validation score",
+    )
+    ledger = PrivacyLedger()
+    ledger.record_selection(selection)
+    epsilon = ledger.epsilon(base.delta, "rdp")
+    if epsilon > base.epsilon:
+        raise DPVisionError(
+            f"the selection would spend ε = {epsilon:.6g}, more than its target "
+            f"{base.epsilon:g}: this is a bug in dpvision, please report it"
+        )
+    coins = np.random.default_rng([base.seed, _STREAM])
+    runs = repetitions.sample(coins)
+    drawn = [int(coins.integers(len(candidates))) for _ in range(runs)]
+    say(
+        f"tune: {len(candidates)} candidates, K = {runs} runs ({repetitions.describe()}), "
+        f"σ × {scale:.4g} over one run's, score noise σ_v = {score_noise:.4g} on "
+        f"{num_validation} validation examples; ε = {epsilon:.4f} for the whole search",
+        quiet,
+    )
+    best: tuple[float, int, dict[str, Any], TrainedModel] | None = None
+    for number, index in enumerate(drawn, 1):
+        candidate = candidates[index]
+        sigma = scale * candidate.single_sigma
+        config = dataclasses.replace(
+            candidate.config, epsilon=None, noise_multiplier=sigma, seed=base.seed + number
+        )
+        say(
+            f"run {number}/{runs}: candidate {index} "
+            f"({', '.join(_set_items(candidate.setting)) or 'the base config'}), σ = {sigma:.4g}",
+            quiet,
+        )
+        result, model = fit(validate(config), quiet=True)
+        _check_ran_as_planned(result, candidate, sigma)
+        correct = round(result["validation_accuracy"] * result["n_validation"])
+        score = release_score(
+            correct, score_noise, np.random.default_rng([base.seed, _STREAM, number])
+        )
+        if best is None or score > best[0]:
+            best = (score, index, result, model)
+        del result, model, correct  # the exact count is never kept or shown
+    tuning = {
+        "search": {
+            key: list(values) for key, values in zip(search.keys, search.values, strict=True)
+        },
+        "candidates": [c.setting for c in candidates],
+        "distribution": repetitions.describe(),
+        "mean_runs": repetitions.mean,
+        "shape": repetitions.shape if math.isfinite(repetitions.shape) else "inf",
+        "runs": runs,
+        "drawn": drawn,
+        "noise_scale": scale,
+        "noise_multipliers": [scale * c.single_sigma for c in candidates],
+        "score_noise": score_noise,
+        "n_validation": num_validation,
+        "n_train": num_train,
+        "tuning_seconds": time.perf_counter() - start,
+    }
+    privacy = {
+        "epsilon": epsilon,
+        "delta": base.delta,
+        "accountant": "rdp",
+        "privacy_ledger": ledger.to_dict()["entries"],
+    }
+    if best is None:
+        result = {
+            "dataset": candidates[0].config.dataset,
+            "method": "tune",
+            "selected": None,
+            **privacy,
+            "noise_multiplier": None,
+            "tuning": tuning,
+            "wall_seconds": time.perf_counter() - start,
+        }
+        return result, None
+    score, index, result, model = best
+    released = {k: v for k, v in result.items() if not _exact_validation(k)}
+    released.update(privacy)
+    released.update(
+        tuning=tuning,
+        selected={"candidate": index, "setting": candidates[index].setting},
+        validation_score_noisy=score / num_validation,
+        recipe={
+            **candidates[index].recipe,
+            "summary": f"{candidates[index].recipe['summary']}; selected privately from "
+            f"{len(candidates)} candidates ({', '.join(_set_items(candidates[index].setting))})",
+        },
+        wall_seconds=time.perf_counter() - start,
+    )
+    model = dataclasses.replace(model, privacy=privacy_of(released))
+    return released, model
+
+
+def release_score(correct: int, score_noise: float, rng: np.random.Generator) -> float:
+    """The released score of one run: the number of correct validation examples plus
+    N(0, σ_v²).
+
+    Privacy: adding or removing one validation example changes the count by at most 1
+    (L2 sensitivity 1) for a given model; ``score_noise`` is σ_v itself (0 only in tests).
+    """
+    if not (math.isfinite(score_noise) and score_noise >= 0):
+        raise DPVisionError(f"the score noise must be >= 0, got {score_noise}")
+    return float(correct) + float(rng.normal(0.0, score_noise)) if score_noise else float(correct)
+
+
+def _exact_validation(key: str) -> bool:
+    """Result keys that hold exact statistics of the validation examples."""
+    return key.startswith("validation_") or key in ("history", "epsilon_zcdp")
+
+
+def _check_ran_as_planned(result: dict[str, Any], candidate: _Candidate, sigma: float) -> None:
+    """The run made exactly the releases the selection was calibrated for."""
+    entries = result["privacy_ledger"]
+    ok = (
+        sum(e["count"] for e in entries) == candidate.count
+        and all(math.isclose(e["noise_multiplier"], sigma, rel_tol=1e-12) for e in entries)
+        and all(e["sample_rate"] == candidate.sample_rate for e in entries)
+    )
+    if not ok:
+        raise DPVisionError(
+            f"candidate {candidate.index} made releases other than the {candidate.count} at "
+            f"q = {candidate.sample_rate:g}, σ = {sigma:.6g} it was calibrated for: this is a "
+            "bug in dpvision, please report it; nothing was released"
+        )

@@ -1,0 +1,124 @@
+"""The default recipe: what ``auto`` resolves to, from public facts only."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from dpvision.cli import main
+from dpvision.config import resolve
+from dpvision.recipes import (
+    LINEAR_SCHEDULES,
+    default_features,
+    default_model,
+    default_preprocessing,
+    linear_schedule,
+    schedule_for,
+)
+from dpvision.runs.recipe import apply_recipe
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("DPVISION_CACHE", str(tmp_path / "cache"))
+
+
+def test_the_schedule_keeps_the_tuned_sample_rate_and_scales_the_learning_rate():
+    for epsilon in (0.1, 0.5, 1.0, 3.0):
+        tuned = schedule_for(epsilon)
+        assert tuned.epsilon == epsilon
+        big, small = linear_schedule(60_000, epsilon), linear_schedule(6_000, epsilon)
+        assert big["batch_size"] == tuned.batch_size
+        assert small["batch_size"] == round(tuned.batch_size / 10)  # same q = B/N
+        assert small["epochs"] == big["epochs"] == tuned.epochs
+        assert math.isclose(
+            small["learning_rate"] / big["learning_rate"], small["batch_size"] / big["batch_size"]
+        )
+    # more data than the tuned set: the batch stays, the steps grow
+    assert linear_schedule(1_281_167, 3.0)["batch_size"] == 8192
+    assert linear_schedule(3, 3.0)["batch_size"] == 1
+
+
+def test_the_nearest_tuned_epsilon_on_a_log_scale():
+    assert schedule_for(2.0).epsilon == 3.0  # log(3/2) < log(2/1)
+    assert schedule_for(1.5).epsilon == 1.0
+    assert schedule_for(8.0).epsilon == max(s.epsilon for s in LINEAR_SCHEDULES) == 3.0
+    assert schedule_for(math.inf).epsilon == 3.0
+    assert schedule_for(None).epsilon == 3.0  # a fixed σ
+
+
+def test_features_preprocessing_and_model_follow_the_shape():
+    assert default_features("auto", (1, 28, 28)) == "scatternet"
+    assert default_features("dp-sgd-linear", (1, 8, 8)) == "scatternet"
+    assert default_features("auto", (1, 6, 6)) == "pixels"  # J = 2 keeps no layout of 6×6
+    assert default_features("dp-ls") == default_features("dp-sgd") == "pixels"
+    assert default_preprocessing("auto", "scatternet") == {"kind": "group-norm", "groups": 27}
+    assert default_preprocessing("dp-ls", "scatternet:pool=2")["kind"] == "group-norm"
+    assert default_preprocessing("auto", "pixels", 3) == {
+        "kind": "group-norm",
+        "groups": 1,
+        "channels": 3,
+    }
+    assert default_preprocessing("dp-ls", "pixels")["kind"] == "none"
+    assert default_preprocessing("dp-sgd", "scatternet")["kind"] == "none"  # its own GroupNorm
+    assert default_model((1, 28, 28)) == default_model((3, 32, 32)) == "tanh-cnn"
+    assert default_model((1, 28, 28), "scatternet") == "scatter-cnn"
+    assert default_model((3, 64, 64)) == "wrn-16-4"
+    assert default_model((1, 8, 8)) == "mlp-256"
+
+
+def test_the_recipe_keeps_what_the_user_set():
+    config, recipe = apply_recipe(resolve(sets=["learner.epochs=5", "learner.clip_norm=1.0"]))
+    assert config.method == "dp-sgd-linear"
+    assert recipe["default"]
+    assert config.learner["epochs"] == 5
+    assert config.learner["clip_norm"] == 1.0
+    assert "learner.epochs" not in recipe["set"]
+    assert "learner.batch_size" in recipe["set"]
+    assert config.preprocessing.kind == "group-norm"
+    assert config.features == "scatternet"
+    explicit, note = apply_recipe(resolve(sets=["method=dp-ls"]))
+    assert (explicit.method, explicit.features, explicit.preprocessing.kind) == (
+        "dp-ls",
+        "pixels",
+        "none",
+    )
+    assert note == {
+        "default": False,
+        "set": {},
+        "why": "as configured",
+        "summary": "dp-ls on pixels — as configured",
+    }
+
+
+def _npz(path, rng, labels):
+    x = rng.integers(0, 256, (len(labels), 12, 12), dtype=np.uint8)
+    np.savez(path, x_train=x[:300], y_train=labels[:300], x_test=x[300:], y_test=labels[300:])
+
+
+def test_the_recipe_reads_no_pixel_and_no_label(tmp_path):
+    """Neighbouring in everything but N and the shape: the same recipe, to the last option."""
+    rng = np.random.default_rng(0)
+    first, second = tmp_path / "a.npz", tmp_path / "b.npz"
+    _npz(first, rng, rng.integers(0, 3, 400))
+    _npz(second, rng, np.full(400, 2))  # other pixels, every label the same
+    recipes = [
+        apply_recipe(resolve(sets=[f"dataset='npz:{path}'", "num_classes=3", "epsilon=1.0"]))
+        for path in (first, second)
+    ]
+    (one, note_one), (two, note_two) = recipes
+    assert {**one.to_dict(), "dataset": ""} == {**two.to_dict(), "dataset": ""}
+    assert note_one["set"] == note_two["set"]
+
+
+def test_dp_sgd_on_digits_runs_with_a_model_that_fits(tmp_path, capsys):
+    """`dpvision train --dataset digits --method dp-sgd` failed on the 28×28 Tanh CNN."""
+    out = tmp_path / "r.json"
+    argv = ["train", "--dataset", "digits", "--method", "dp-sgd", "--quiet", "--json", str(out)]
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    assert result["model"] == "mlp-256"
+    assert result["recipe"]["set"] == {"learner.model": "mlp-256"}
+    assert result["test_accuracy"] > 0.5  # measured 0.8997 at seed 0
+    assert "model mlp-256 fits 1×8×8 images" in capsys.readouterr().out

@@ -115,8 +115,10 @@ def main() -> int:
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    name = "private_tuning" if args.datasets == list(GRIDS) else "private_tuning_" + "_".join(
-        args.datasets
+    name = (
+        "private_tuning"
+        if args.datasets == list(GRIDS)
+        else "private_tuning_" + "_".join(args.datasets)
     )
     write_json_atomic(out / f"{name}.json", {"meta": meta, "rows": rows})
     tmp = out / f".{name}.md.tmp"

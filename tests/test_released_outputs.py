@@ -26,6 +26,7 @@ JUSTIFIED = {
     "seed": PUBLIC,
     "n_train": "public by convention: n (as in the papers; the sample rate q = B/n needs it)",
     "n_test": "test data, not private training data",
+    "n_validation": "public by convention, as n: round(validation_fraction · n)",
     "num_features": "public: the feature extractor's output width, fixed by the config",
     "num_parameters": "public: the model architecture, fixed by the config",
     "num_trained_parameters": "public: the architecture and learner.finetune",
@@ -60,6 +61,12 @@ JUSTIFIED = {
     "phase2_epsilon_fraction": "accounting",
     "phase2_parameters": "public: the architecture",
     "pretrain": "public: Phase I options (synthetic data)",
+    # dpvision tune
+    "tuning": "public coins and calibration: the candidates, K, which candidate each run "
+    "drew, the noise factor and multipliers, σ_v, n_train, n_validation, timing",
+    "selected": "the selection's release: the best run's candidate (accounted)",
+    "validation_score_noisy": "the selection's release: the best run's noisy count of correct "
+    "validation examples over n_validation (accounted, sensitivity 1)",
     "recipe": "public: what the default recipe chose from the config, ε, n and the image "
     "shape, and why",
 }
@@ -82,6 +89,31 @@ def encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     options |= {"num_images": 64, "batch_size": 32, "steps": 3}
     pretrain(PretrainOptions.from_dict(options), path, quiet=True)
     return path
+
+
+def test_every_tune_result_field_is_justified(tmp_path):
+    out = tmp_path / "tuned.json"
+    argv = ["tune", "--quiet", "--json", str(out), "--set", "learner.epochs=2"]
+    argv += ["--search", "learner.learning_rate=0.1,0.5", "--mean-runs", "3"]
+    assert main(argv) == 0
+    result = json.loads(out.read_text())
+    assert not sorted(set(result) - set(JUSTIFIED))
+    assert "validation_accuracy" not in result  # exact: never released by tune
+    assert set(result["tuning"]) == {
+        "search",
+        "candidates",
+        "distribution",
+        "mean_runs",
+        "shape",
+        "runs",
+        "drawn",
+        "noise_scale",
+        "noise_multipliers",
+        "score_noise",
+        "n_validation",
+        "n_train",
+        "tuning_seconds",
+    }
 
 
 def test_every_dp_randp_result_field_is_justified(tmp_path, encoder):

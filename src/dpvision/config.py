@@ -82,8 +82,9 @@ class TrainConfig:
         default): the default recipe (:mod:`dpvision.recipes`), ``dp-sgd-linear`` with a
         schedule fitted to ε and to the number of training examples when the run starts.
       features: a feature spec (``pixels``, ``scatternet``, ``scatternet:pool=2``, …) or
-        ``auto`` (the default): ``scatternet`` for ``auto`` and ``dp-sgd-linear``,
-        ``pixels`` for the others (:func:`dpvision.recipes.default_features`).
+        ``auto`` (the default): for ``auto`` and ``dp-sgd-linear``, ``scatternet`` on images
+        of 8 pixels a side or more and ``pixels`` below; ``pixels`` for the other methods
+        (:func:`dpvision.recipes.default_features`).
       epsilon: the target ε of the whole run (``inf``: no noise); or give noise_multiplier.
       delta: the target δ.
       noise_multiplier: σ instead of a target ε (``0``: no noise).

@@ -8,6 +8,7 @@ The package is organised by differential-privacy concept:
 * :mod:`dpvision.mechanisms` — the noise that is actually added to released values (torch).
 
 From Python, :func:`train` runs ``dpvision train`` and returns its result and model,
+:func:`tune` runs ``dpvision tune`` (private hyper-parameter selection),
 :func:`load_model` reads a saved model, and :class:`PrivacyEngine` makes your own model and
 training loop private::
 
@@ -32,6 +33,7 @@ __all__ = [
     "__version__",
     "load_model",
     "train",
+    "tune",
 ]
 
 # name → module; these need torch, so they are imported on first use (``import dpvision``
@@ -39,6 +41,7 @@ __all__ = [
 _LAZY = {
     "PrivacyEngine": "dpvision.privacy_engine",
     "train": "dpvision.runs.train",
+    "tune": "dpvision.runs.tune",
     "TrainingRun": "dpvision.runs.train",
     "load_model": "dpvision.runs.saved",
     "TrainedModel": "dpvision.runs.saved",

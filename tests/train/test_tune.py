@@ -142,3 +142,23 @@ def test_more_runs_cost_more_noise():
         scales.append(result["tuning"]["noise_scale"])
     assert 1.0 < scales[0] < scales[1] < scales[2]
     assert math.isfinite(scales[2])
+
+
+def test_the_python_entry_point_mirrors_the_command(tmp_path):
+    import dpvision
+
+    saved = tmp_path / "m.safetensors"
+    result, model = dpvision.tune(
+        ["learner.learning_rate=0.1,0.5"],
+        dataset="digits",
+        epsilon=2.0,
+        mean_runs=2,
+        learner={"epochs": 2},
+        save=saved,
+    )
+    assert result["epsilon"] <= 2.0
+    assert result["selected"]["setting"]["learner.learning_rate"] in (0.1, 0.5)
+    assert dpvision.load_model(saved).epsilon == result["epsilon"]
+    assert model.predict(np.zeros((2, 8, 8, 1), dtype=np.uint8)).shape == (2,)
+    with pytest.raises(DPVisionError, match="give at least one --search"):
+        dpvision.tune([], dataset="digits")

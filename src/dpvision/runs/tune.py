@@ -27,6 +27,7 @@ import itertools
 import math
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,7 @@ import numpy as np
 from dpvision.accounting import Repetitions, calibrate_noise_multiplier
 from dpvision.accounting.ledger import LedgerEntry, PrivacyLedger, SelectionEntry
 from dpvision.accounting.selection import selection_epsilon
-from dpvision.config import TrainConfig, override, parse_override, validate
+from dpvision.config import TrainConfig, override, parse_override, resolve, validate
 from dpvision.errors import DPVisionError
 from dpvision.learners import LEARNERS
 from dpvision.log import say
@@ -49,6 +50,7 @@ __all__ = [
     "parse_search",
     "release_score",
     "run_tune",
+    "tune",
 ]
 
 # What a search may not vary: the budget itself, and what the selection fixes.
@@ -422,6 +424,37 @@ def run_tune(
     )
     model = dataclasses.replace(model, privacy=privacy_of(released))
     return released, model
+
+
+def tune(
+    search: Sequence[str],
+    config: str | Path | None = None,
+    *,
+    distribution: str = "geometric",
+    mean_runs: float | None = None,
+    score_noise: float | None = None,
+    save: str | Path | None = None,
+    quiet: bool = True,
+    **fields: Any,
+) -> tuple[dict[str, Any], TrainedModel | None]:
+    """``dpvision tune`` from Python: the result (the best run's, with ``tuning`` and the
+    selection's ε) and the selected model (``None`` when K = 0 runs were drawn)::
+
+        result, model = dpvision.tune(["learner.epochs=20,40"], dataset="digits", epsilon=3.0)
+        result["epsilon"], result["selected"], model.predict(images)
+
+    ``config`` and ``fields`` build the base run as :func:`dpvision.train` does; bad values
+    and bad search specs raise :class:`~dpvision.errors.DPVisionError` before any training.
+
+    Privacy: the result's ε covers every run and the selection, within the target ε.
+    """
+    parsed = parse_search(search)
+    settings = TuneSettings(distribution, mean_runs, score_noise)
+    settings.repetitions(len(parsed.candidates()))
+    result, model = run_tune(resolve(config, fields), parsed, settings, quiet=quiet)
+    if save is not None and model is not None:
+        model.save(save)
+    return result, model
 
 
 def release_score(correct: int, score_noise: float, rng: np.random.Generator) -> float:

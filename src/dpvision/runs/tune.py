@@ -348,7 +348,8 @@ def run_tune(
     runs = repetitions.sample(coins)
     drawn = [int(coins.integers(len(candidates))) for _ in range(runs)]
     say(
-        f"tune: {len(candidates)} candidates, K = {runs} runs ({repetitions.describe()}), "
+        f"tune: {len(candidates)} candidates, K = {runs} run{'s' if runs != 1 else ''} "
+        f"({repetitions.describe()}), "
         f"σ × {scale:.4g} over one run's, score noise σ_v = {score_noise:.4g} on "
         f"{num_validation} validation examples; ε = {epsilon:.4f} for the whole search",
         quiet,

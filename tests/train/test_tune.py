@@ -36,14 +36,14 @@ def separable(tmp_path):
 def test_the_best_candidate_is_found_whenever_it_is_drawn(separable):
     """ScatterNet keeps no layout of 6×6 images (chance, measured 53 %); the pixels separate
     the halves (100 %). Whenever K's runs draw the good candidate it is the one released,
-    and with E[K] = 8 it is drawn in most seeds (probability 1 − E[(1/2)^K] = 0.89 each)."""
+    and with E[K] = 6 it is drawn in most seeds (probability 1 − E[(1/2)^K] = 6/7 each)."""
     search = parse_search(["features='scatternet','pixels'"])
     found = 0
-    for seed in range(6):
+    for seed in range(4):
         base = resolve(
             sets=[f"dataset='npz:{separable}'", "num_classes=2", "learner.epochs=5", f"seed={seed}"]
         )
-        result, model = run_tune(base, search, TuneSettings(mean_runs=8.0), quiet=True)
+        result, model = run_tune(base, search, TuneSettings(mean_runs=6.0), quiet=True)
         drawn = result["tuning"]["drawn"]
         assert model is not None
         assert len(drawn) == result["tuning"]["runs"] >= 1
@@ -52,7 +52,7 @@ def test_the_best_candidate_is_found_whenever_it_is_drawn(separable):
             assert result["test_accuracy"] > 0.95
             found += 1
         assert result["epsilon"] <= 3.0
-    assert found >= 4
+    assert found >= 3
 
 
 def test_nothing_exact_about_the_validation_examples_is_released(separable, tmp_path):

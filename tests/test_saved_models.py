@@ -201,16 +201,17 @@ def test_cache_list_and_clear(tmp_path: Path, capsys, monkeypatch) -> None:
 
 def test_quiet_verbose_and_log_file(tmp_path: Path, capsys) -> None:
     log = tmp_path / "run.log"
-    code, out, err = _cli(capsys, "train", "--log-file", str(log))
+    fast = ("--method", "dp-ls")  # the logging, not the recipe, is under test
+    code, out, err = _cli(capsys, "train", *fast, "--log-file", str(log))
     assert code == 0
     assert "[dpvision] loading dataset digits" in err
     text = log.read_text()
     assert "INFO loading dataset digits" in text
     assert "DEBUG dpvision" in text
-    code, out, err = _cli(capsys, "train", "-q")
+    code, out, err = _cli(capsys, "train", *fast, "-q")
     assert code == 0
     assert err == ""
     assert "test accuracy" in out
-    code, out, err = _cli(capsys, "-v", "train")
+    code, out, err = _cli(capsys, "-v", "train", *fast)
     assert code == 0
     assert "[dpvision] dpvision " in err

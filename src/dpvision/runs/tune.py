@@ -24,6 +24,7 @@ for before anything is released.
 
 import dataclasses
 import itertools
+import json
 import math
 import time
 from collections.abc import Sequence
@@ -176,7 +177,7 @@ def _set_items(setting: dict[str, Any]) -> list[str]:
 
 def _toml(value: Any) -> str:
     if isinstance(value, str):
-        return repr(value).replace("\\'", "'")
+        return json.dumps(value)  # a TOML basic string
     if isinstance(value, bool):
         return "true" if value else "false"
     return repr(value)

@@ -2,8 +2,9 @@
 
 ``dpvision train --dataset NAME --epsilon E`` with nothing else runs Tramèr & Boneh's
 ScatterNet + linear model: ScatterNet features (J = 2, L = 8), group normalisation (27 groups,
-per example, free) and DP-SGD with momentum on a linear head, clip norm 0.1. Its schedule
-adapts to the run:
+per example, free) and DP-SGD with momentum on a linear head, clip norm 0.1 (on images under
+:data:`SCATTER_MIN_SIDE` pixels a side, the pixels as one normalisation group instead of
+ScatterNet). Its schedule adapts to the run:
 
 * to ε: the length of the schedule, the batch size and the learning rate come from
   :data:`LINEAR_SCHEDULES`, tuned per ε on a validation split of Fashion-MNIST's training

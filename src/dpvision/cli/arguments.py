@@ -213,12 +213,14 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-dir", metavar="DIR", help="folder with the dataset's files")
     parser.add_argument(
         "--method",
-        help="dp-ls, dp-newton, dp-fc, dp-sgd-linear (features), dp-sgd (deep models) or "
-        "dp-randp (Phases II and III from a synthetic-data encoder)",
+        help="auto (the default recipe, docs/guide/recipes.md), dp-ls, dp-newton, dp-fc, "
+        "dp-sgd-linear (features), dp-sgd (deep models) or dp-randp (Phases II and III from "
+        "a synthetic-data encoder)",
     )
     parser.add_argument(
         "--features",
-        help="pixels, scatternet, encoder:path=FILE or precomputed:path=DIR (vectors in "
+        help="auto (the default), pixels, scatternet, encoder:path=FILE or "
+        "precomputed:path=DIR (vectors in "
         "x_train.npy, y_train.npy, x_test.npy, y_test.npy) (e.g. scatternet:pool=2)",
     )
     parser.add_argument(

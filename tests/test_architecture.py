@@ -19,7 +19,7 @@ SOURCE = Path(__file__).resolve().parents[1] / "src" / "dpvision"
 
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "version"),
-    ("fileio", "log", "distributed", "devices"),
+    ("fileio", "log", "distributed", "devices", "averaging"),
     ("accounting",),
     ("mechanisms",),
     ("models", "data"),

@@ -7,6 +7,7 @@ from scipy import stats
 from dpvision.accounting import PrivacyLedger
 from dpvision.errors import DPVisionError
 from dpvision.mechanisms import add_gaussian_noise, gaussian_noise, release_gaussian
+from dpvision.mechanisms.noise import STREAM_SIZE
 
 SENSITIVITY, SIGMA = 0.7, 3.0
 SCALE = SENSITIVITY * SIGMA
@@ -82,3 +83,34 @@ def test_integer_tensor_is_refused():
         add_gaussian_noise(
             torch.zeros(2, dtype=torch.int64), l2_sensitivity=1.0, noise_multiplier=1.0
         )
+
+
+def _parallel_draw(seed: int, threads: int | None = None) -> torch.Tensor:
+    out = torch.empty(3 * STREAM_SIZE + 5, dtype=torch.float64)  # four streams, one short
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        return gaussian_noise(
+            out.shape,
+            l2_sensitivity=SENSITIVITY,
+            noise_multiplier=SIGMA,
+            dtype=torch.float64,
+            generator=torch.Generator().manual_seed(seed),
+            out=out,
+        )
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_parallel_streams_have_the_right_scale_and_are_independent():
+    noise = _parallel_draw(0)
+    assert _ks_pvalue(noise[::50], SCALE) > 1e-3  # every stream is represented
+    assert _ks_pvalue(noise[-20000:], SCALE) > 1e-3  # the short last stream too
+    streams = noise[: 3 * STREAM_SIZE].reshape(3, STREAM_SIZE)
+    assert abs(float(torch.corrcoef(streams[:, :100000]).triu(1).abs().max())) < 0.02
+    assert not torch.equal(streams[0, :10], streams[1, :10])
+
+
+def test_parallel_streams_are_reproducible_whatever_the_thread_count():
+    assert torch.equal(_parallel_draw(7, threads=1), _parallel_draw(7, threads=2))
+    assert not torch.equal(_parallel_draw(7)[:100], _parallel_draw(8)[:100])

@@ -134,7 +134,7 @@ class DPFeatureCovariance(DPLinearClassifier):
                         np.asarray(labels[first : first + self.chunk_size], dtype=np.int64)
                     )
                 )
-                errors = loss_gradient(x @ weight.T + bias, y, "sigmoid")
+                errors = loss_gradient(torch.addmm(bias, x, weight.T), y, "sigmoid")
                 gw, _, _ = clipped_gradient_sum(
                     x,
                     errors,

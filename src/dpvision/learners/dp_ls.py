@@ -47,8 +47,8 @@ class DPLeastSquares(DPLinearClassifier):
         ``cuda``, ``cuda:N`` or ``auto``); the data stay where they are, read a chunk at a
         time. Results differ from the CPU's in rounding only.
       max_block_bytes: memory for the per-class d×d matrices solved at once (classes are
-        processed in blocks, so m·d² need not fit in memory); the solve needs about four
-        times this at its peak.
+        processed in blocks, so m·d² need not fit in memory); the fit needs about three
+        times this at its peak (the statistics, the noise, the Cholesky factors).
 
     Privacy:
       Three Gaussian releases with noise multiplier σ each, on statistics of clipped
@@ -126,9 +126,16 @@ class DPLeastSquares(DPLinearClassifier):
         index = ClassIndex(local_y, num_classes)
         coef = torch.zeros(num_classes, d, dtype=torch.float64)
         block = max(1, self.max_block_bytes // (8 * d**2))
+        # Two buffers of a block of d×d matrices, reused by every block (fresh allocations
+        # of this size cost as much as the noise draw): the statistics, and the noise,
+        # which then holds the symmetrised noisy matrices that the solve works in.
+        grams_buffer = torch.empty(min(block, num_classes), d, d, dtype=torch.float64)
+        scratch = torch.empty_like(grams_buffer)
         for first in range(0, num_classes, block):
             classes = range(first, min(first + block, num_classes))
-            grams = class_grams(local_x, index, classes, clip_norm=c, chunk_size=self.chunk_size)
+            grams = class_grams(
+                local_x, index, classes, clip_norm=c, chunk_size=self.chunk_size, out=grams_buffer
+            )
             workers.all_reduce_([grams])
             # The stack of all Aⱼ is one Gaussian release (sensitivity C²); its i.i.d. noise
             # is drawn block by block, which is the same mechanism, and recorded below.
@@ -142,16 +149,17 @@ class DPLeastSquares(DPLinearClassifier):
                     noise_multiplier=sigma,
                     dtype=grams.dtype,
                     generator=generator,
+                    out=scratch[: len(classes)],
                 )
-            # Post-processing: regularise, then symmetrise, project to PSD and solve. Done in
-            # place where possible: a block is the largest allocation of the fit.
+            # Post-processing: regularise, then symmetrise, project to PSD and solve.
             # Each rank solves its share of the block's classes; the others stay zero in its
             # coef, so the final all-reduce assembles every class's solution exactly.
             first_mine, last_mine = workers.row_range(len(classes))
             mine = slice(classes.start + first_mine, classes.start + last_mine)
             grams = grams[first_mine:last_mine]
             grams += shared
-            coef[mine] = solve_psd(grams, sums[mine], ridge=ridge)
+            system = symmetrize(grams, out=scratch[: len(grams)])
+            coef[mine] = solve_psd(system, sums[mine], ridge=ridge, overwrite_matrix=True)
         # Recorded once every block's noise has been drawn (the ledger lists what ran).
         if sigma is None:
             ledger.record_non_private(released="DP-LS A_j (noise off)")

@@ -12,6 +12,7 @@ import math
 import numpy as np
 import torch
 
+from dpvision.averaging import ema_decay as ema_schedule
 from dpvision.errors import DPVisionError
 from dpvision.learners.base import DPLinearClassifier, PrivateFit
 from dpvision.learners.statistics import DEFAULT_CHUNK_SIZE, on_device, read_rows
@@ -22,11 +23,15 @@ OPTIMIZERS = ("sgd", "momentum", "adam")
 
 
 def loss_gradient(scores: torch.Tensor, labels: torch.Tensor, loss: str) -> torch.Tensor:
-    """eᵢ = ∂ℓ/∂zᵢ for a batch: softmax cross-entropy, or one-vs-all sigmoid cross-entropy."""
-    targets = torch.nn.functional.one_hot(labels, scores.shape[1]).to(scores.dtype)
-    if loss == "softmax":
-        return torch.softmax(scores, dim=1) - targets
-    return torch.sigmoid(scores) - targets
+    """eᵢ = ∂ℓ/∂zᵢ for a batch: softmax cross-entropy, or one-vs-all sigmoid cross-entropy.
+
+    ``scores`` (b, m) may be overwritten (the sigmoid is taken in place): pass a fresh
+    product. The target is subtracted at the label only, with no (b, m) one-hot matrix, so
+    the whole takes one pass over b·m numbers.
+    """
+    errors = torch.softmax(scores, dim=1) if loss == "softmax" else scores.sigmoid_()
+    errors[torch.arange(len(labels), device=labels.device), labels] -= 1.0
+    return errors
 
 
 def clipped_gradient_sum(
@@ -40,7 +45,7 @@ def clipped_gradient_sum(
     """Σᵢ clip(gᵢ, C) for the linear head, with gᵢ = eᵢ[xᵢ; 1]ᵀ, via one GEMM.
 
     Args:
-      x: (b, d) features; errors: (b, m) loss gradients eᵢ.
+      x: (b, d) features; errors: (b, m) loss gradients eᵢ (scaled in place: overwritten).
       clip_norm: C.
       fit_intercept: whether gᵢ includes the bias part eᵢ.
       sq_norms: ‖xᵢ‖² if already known (saves a pass over x).
@@ -60,7 +65,7 @@ def clipped_gradient_sum(
     if bad:
         x = torch.where(finite.unsqueeze(1), x, torch.zeros_like(x))
         errors = torch.where(finite.unsqueeze(1), errors, torch.zeros_like(errors))
-    weighted = errors * scale[:, None]
+    weighted = errors.mul_(scale[:, None])
     grad_w = (weighted.T @ x).to(torch.float64)
     if fit_intercept:
         grad_b = weighted.sum(dim=0, dtype=torch.float64)
@@ -103,6 +108,9 @@ class DPSGDLinear(DPLinearClassifier):
       loss: ``"softmax"`` cross-entropy, or one-vs-all ``"sigmoid"`` cross-entropy (Mehta
         et al.), whose bias starts at ``bias_init`` (−10 in the paper).
       fit_intercept: learn a bias (it shares the clipping budget with the weights).
+      ema_decay: μ of an exponential moving average of the iterates (0: off), with the
+        warm-up of :func:`dpvision.averaging.ema_decay`; the fitted model is then the
+        average (post-processing: free).
 
     Privacy:
       T releases of Σ_{i∈batch} clip(gᵢ, C) + N(0, (σC)² I), the batch Poisson-sampled at
@@ -136,6 +144,7 @@ class DPSGDLinear(DPLinearClassifier):
         sample_rate: float | None = None,
         steps: int | None = None,
         expected_batch_size: float | None = None,
+        ema_decay: float = 0.0,
     ) -> None:
         self.target_epsilon = target_epsilon
         self.target_delta = target_delta
@@ -158,6 +167,7 @@ class DPSGDLinear(DPLinearClassifier):
         self.sample_rate = sample_rate
         self.steps = steps
         self.expected_batch_size = expected_batch_size
+        self.ema_decay = ema_decay
 
     def _sample_rate(self, n: int) -> float:
         if self.sample_rate is not None:
@@ -180,6 +190,8 @@ class DPSGDLinear(DPLinearClassifier):
         return max(1, math.ceil(self.epochs / self._sample_rate(n) - 1e-9))
 
     def _releases(self, n: int, d: int, m: int) -> tuple[int, float]:
+        if not (isinstance(self.ema_decay, int | float) and 0 <= self.ema_decay < 1):
+            raise DPVisionError(f"ema_decay must be in [0, 1), got {self.ema_decay!r}")
         if self.loss not in LOSSES:
             raise DPVisionError(f"unknown loss {self.loss!r}; choose one of: {', '.join(LOSSES)}")
         if self.optimizer not in OPTIMIZERS:
@@ -205,6 +217,8 @@ class DPSGDLinear(DPLinearClassifier):
             (num_classes,), float(bias_init) if self.fit_intercept else 0.0, dtype=torch.float64
         )
         state: dict[str, torch.Tensor] = {}
+        # The EMA starts from the initial parameters, as ParameterEMA's does.
+        average = (weight.clone(), bias.clone()) if self.ema_decay > 0 else None
         sampler = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator)))
         sq_norms = row_sq_norms(features, self.chunk_size)
         all_rows = np.arange(n)
@@ -218,7 +232,7 @@ class DPSGDLinear(DPLinearClassifier):
                 index = batch[start : start + self.chunk_size]
                 x = _rows(features, index)
                 y = on_device(torch.from_numpy(np.asarray(labels[index], dtype=np.int64)))
-                errors = loss_gradient(x @ weight.T + bias, y, self.loss)
+                errors = loss_gradient(torch.addmm(bias, x, weight.T), y, self.loss)
                 gw, gb, _ = clipped_gradient_sum(
                     x,
                     errors,
@@ -243,7 +257,11 @@ class DPSGDLinear(DPLinearClassifier):
             weight -= update[: weight.numel()].reshape(weight.shape)
             if self.fit_intercept:
                 bias -= update[weight.numel() :]
-        return weight, bias
+            if average is not None:
+                mu = ema_schedule(self.ema_decay, step)
+                for mean, value in zip(average, (weight, bias), strict=True):
+                    mean.mul_(mu).add_(value, alpha=1 - mu)
+        return average if average is not None else (weight, bias)
 
     def _optimizer_step(
         self, grad: torch.Tensor, state: dict[str, torch.Tensor], step: int

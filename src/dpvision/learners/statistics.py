@@ -222,7 +222,7 @@ def gram_statistics(
     sums = torch.zeros(num_classes, d, dtype=torch.float64)
     for x, y in iter_chunks(features, labels, chunk_size=chunk_size):
         assert y is not None
-        x = clip_rows(x, clip_norm)
+        x = clip_rows(x, clip_norm, inplace=True)  # x is a fresh copy of the rows
         gram.addmm_(x.T, x)
         sums.index_add_(0, y, x)
     return GramStatistics(gram=gram, class_sums=sums, count=len(features))
@@ -252,18 +252,27 @@ def class_grams(
     *,
     clip_norm: float,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Aⱼ = Σ_{i: yᵢ=j} x̃ᵢx̃ᵢᵀ for j in ``classes``, exact, (len(classes), d, d) float64.
 
     With one label per example, adding or removing an example changes the stack of all Aⱼ
     by x̃x̃ᵀ in a single class: Frobenius norm ≤ C².
+
+    ``out``: a float64 tensor of at least ``len(classes)`` d×d matrices to fill (its first
+    ``len(classes)`` are overwritten and returned), so a caller going through the classes a
+    block at a time can reuse one buffer.
     """
     d = features.shape[1]
-    out = torch.zeros(len(classes), d, d, dtype=torch.float64)
+    if out is None:
+        out = torch.zeros(len(classes), d, d, dtype=torch.float64)
+    else:
+        out = out[: len(classes)]
+        out.zero_()
     for k, label in enumerate(classes):
         rows = index.rows(label)
         for start in range(0, len(rows), chunk_size):
             part = np.sort(rows[start : start + chunk_size])  # sorted reads from a memory map
-            x = clip_rows(read_rows(features, part), clip_norm)
+            x = clip_rows(read_rows(features, part), clip_norm, inplace=True)
             out[k].addmm_(x.T, x)
     return out

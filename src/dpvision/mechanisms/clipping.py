@@ -29,13 +29,19 @@ def clip_factors(
     return torch.where(finite, scale, torch.zeros_like(scale))
 
 
-def clip_rows(x: torch.Tensor, max_norm: float) -> torch.Tensor:
+def clip_rows(x: torch.Tensor, max_norm: float, *, inplace: bool = False) -> torch.Tensor:
     """Scales each row to L2 norm at most ``max_norm``: x · min(1, C/‖x‖).
 
     Rows that are not finite are zeroed (they then contribute nothing, which keeps every
-    sensitivity bound valid).
+    sensitivity bound valid). With ``inplace``, ``x`` itself is scaled and returned (saves
+    a copy of a chunk the caller owns).
     """
-    finite = torch.isfinite(x).all(dim=1, keepdim=True)
-    x = torch.where(finite, x, torch.zeros_like(x))
+    # A row with a non-finite entry has a non-finite norm, so one pass for the norms and one
+    # for the product suffice; such rows (rare) are then zeroed, since NaN·0 is NaN.
     norms = torch.linalg.vector_norm(x, dim=1, keepdim=True)
-    return x * clip_factors(norms, max_norm)
+    factors = clip_factors(norms, max_norm)
+    clipped = x.mul_(factors) if inplace else x * factors
+    finite = torch.isfinite(norms)
+    if not bool(finite.all()):
+        clipped.masked_fill_(~finite, 0.0)
+    return clipped

@@ -12,11 +12,11 @@
 Per-example clipping itself lives in :mod:`dpvision.per_example`.
 """
 
+from dpvision.averaging import ema_decay
 from dpvision.training.engine import (
     DPSGDStep,
     GradientRelease,
     ParameterEMA,
-    ema_decay,
     noisy_step,
     privatize_gradients,
 )

@@ -19,17 +19,13 @@ from collections.abc import Callable, Iterable, Mapping
 import torch
 
 from dpvision.accounting import PrivacyLedger
+from dpvision.averaging import ema_decay
 from dpvision.distributed import Workers
 from dpvision.errors import DPVisionError
 from dpvision.mechanisms import gaussian_noise, observe_release
 from dpvision.per_example import CLIPPING_METHODS, ClippedGradientSum, clip_and_sum
 
 RELEASED = "DP-SGD clipped gradient sum"
-
-
-def ema_decay(decay: float, step: int) -> float:
-    """min(μ, (1 + t)/(10 + t)): the warm-up of jax_privacy and TAN, t the logical step."""
-    return min(decay, (1 + step) / (10 + step))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,8 +6,13 @@ from scipy import stats
 
 from dpvision.accounting import PrivacyLedger
 from dpvision.errors import DPVisionError
-from dpvision.mechanisms import add_gaussian_noise, gaussian_noise, release_gaussian
-from dpvision.mechanisms.noise import STREAM_SIZE
+from dpvision.mechanisms import (
+    add_gaussian_noise,
+    add_symmetric_gaussian_noise_,
+    gaussian_noise,
+    release_gaussian,
+)
+from dpvision.mechanisms.noise import STREAM_SIZE, fill_standard_normal
 
 SENSITIVITY, SIGMA = 0.7, 3.0
 SCALE = SENSITIVITY * SIGMA
@@ -90,14 +95,7 @@ def _parallel_draw(seed: int, threads: int | None = None) -> torch.Tensor:
     before = torch.get_num_threads()
     torch.set_num_threads(threads or before)
     try:
-        return gaussian_noise(
-            out.shape,
-            l2_sensitivity=SENSITIVITY,
-            noise_multiplier=SIGMA,
-            dtype=torch.float64,
-            generator=torch.Generator().manual_seed(seed),
-            out=out,
-        )
+        return fill_standard_normal(out, torch.Generator().manual_seed(seed)) * SCALE
     finally:
         torch.set_num_threads(before)
 
@@ -114,3 +112,26 @@ def test_parallel_streams_have_the_right_scale_and_are_independent():
 def test_parallel_streams_are_reproducible_whatever_the_thread_count():
     assert torch.equal(_parallel_draw(7, threads=1), _parallel_draw(7, threads=2))
     assert not torch.equal(_parallel_draw(7)[:100], _parallel_draw(8)[:100])
+
+
+def test_symmetric_noise_is_the_symmetrised_release_on_the_lower_triangle():
+    d, b = 40, 30
+    statistic = torch.randn(
+        b, d, d, dtype=torch.float64, generator=torch.Generator().manual_seed(3)
+    )
+    statistic = statistic + statistic.transpose(1, 2)
+    noisy = add_symmetric_gaussian_noise_(
+        statistic.clone(),
+        l2_sensitivity=SENSITIVITY,
+        noise_multiplier=SIGMA,
+        generator=torch.Generator().manual_seed(4),
+    )
+    upper = torch.ones(d, d, dtype=torch.bool).triu(1)
+    assert torch.equal(noisy[:, upper], statistic[:, upper])  # left as it was
+    noise = noisy - statistic
+    diagonal = noise.diagonal(dim1=1, dim2=2).reshape(-1)
+    below = noise[:, upper.T].reshape(-1)
+    # Var S_ii = (σΔ)², Var S_ij = (σΔ)²/2: those of (N + Nᵀ)/2 with i.i.d. N(0, (σΔ)²).
+    assert _ks_pvalue(diagonal, SCALE) > 1e-3
+    assert _ks_pvalue(below, SCALE / 2**0.5) > 1e-3
+    assert _ks_pvalue(below, SCALE) < 1e-6  # not the unsymmetrised scale

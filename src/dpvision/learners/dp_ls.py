@@ -24,7 +24,11 @@ from dpvision.learners.statistics import (
     class_grams,
     gram_statistics,
 )
-from dpvision.mechanisms import gaussian_noise, observe_release, release_gaussian
+from dpvision.mechanisms import (
+    add_symmetric_gaussian_noise_,
+    observe_release,
+    release_gaussian,
+)
 
 
 class DPLeastSquares(DPLinearClassifier):
@@ -47,14 +51,16 @@ class DPLeastSquares(DPLinearClassifier):
         ``cuda``, ``cuda:N`` or ``auto``); the data stay where they are, read a chunk at a
         time. Results differ from the CPU's in rounding only.
       max_block_bytes: memory for the per-class d×d matrices solved at once (classes are
-        processed in blocks, so m·d² need not fit in memory); the fit needs about three
-        times this at its peak (the statistics, the noise, the Cholesky factors).
+        processed in blocks, so m·d² need not fit in memory); the fit needs about two and a
+        half times this at its peak (the statistics, the noise, the Cholesky factors).
 
     Privacy:
       Three Gaussian releases with noise multiplier σ each, on statistics of clipped
       features x̃ (add/remove-one adjacency, one label per example, k = 1):
       G̃ = G + N(0, (σC²)²) per entry (Frobenius sensitivity C²), Ãⱼ likewise for the stack
-      of all classes (sensitivity C²), b̃ⱼ = bⱼ + N(0, (σC)²) (L2 sensitivity C). Together:
+      of all classes (sensitivity C²; drawn as the symmetrised noise directly, see
+      :func:`~dpvision.mechanisms.add_symmetric_gaussian_noise_`), b̃ⱼ = bⱼ + N(0, (σC)²)
+      (L2 sensitivity C). Together:
       exactly (√3/σ)-GDP, i.e. the paper's 3/(2σ²)-zCDP accounted exactly.
     """
 
@@ -126,11 +132,10 @@ class DPLeastSquares(DPLinearClassifier):
         index = ClassIndex(local_y, num_classes)
         coef = torch.zeros(num_classes, d, dtype=torch.float64)
         block = max(1, self.max_block_bytes // (8 * d**2))
-        # Two buffers of a block of d×d matrices, reused by every block (fresh allocations
-        # of this size cost as much as the noise draw): the statistics, and the noise,
-        # which then holds the symmetrised noisy matrices that the solve works in.
+        # Two buffers reused by every block (fresh allocations of this size cost as much as
+        # the noise draw): the block's d×d statistics, and its noise.
         grams_buffer = torch.empty(min(block, num_classes), d, d, dtype=torch.float64)
-        scratch = torch.empty_like(grams_buffer)
+        scratch = torch.empty(len(grams_buffer) * d * (d + 1) // 2, dtype=torch.float64)
         for first in range(0, num_classes, block):
             classes = range(first, min(first + block, num_classes))
             grams = class_grams(
@@ -143,23 +148,23 @@ class DPLeastSquares(DPLinearClassifier):
                 grams, l2_sensitivity=c * c, released="DP-LS A_j", part=first > 0
             )
             if sigma is not None:
-                grams += gaussian_noise(
-                    grams.shape,
+                # Symmetric noise on the lower triangles: the symmetrised Gaussian release
+                # with half the random numbers (the solve reads lower triangles only).
+                add_symmetric_gaussian_noise_(
+                    grams,
                     l2_sensitivity=c * c,
                     noise_multiplier=sigma,
-                    dtype=grams.dtype,
                     generator=generator,
-                    out=scratch[: len(classes)],
+                    scratch=scratch,
                 )
-            # Post-processing: regularise, then symmetrise, project to PSD and solve.
+            # Post-processing: regularise, project to PSD and solve.
             # Each rank solves its share of the block's classes; the others stay zero in its
             # coef, so the final all-reduce assembles every class's solution exactly.
             first_mine, last_mine = workers.row_range(len(classes))
             mine = slice(classes.start + first_mine, classes.start + last_mine)
             grams = grams[first_mine:last_mine]
             grams += shared
-            system = symmetrize(grams, out=scratch[: len(grams)])
-            coef[mine] = solve_psd(system, sums[mine], ridge=ridge, overwrite_matrix=True)
+            coef[mine] = solve_psd(grams, sums[mine], ridge=ridge, overwrite_matrix=True)
         # Recorded once every block's noise has been drawn (the ledger lists what ran).
         if sigma is None:
             ledger.record_non_private(released="DP-LS A_j (noise off)")

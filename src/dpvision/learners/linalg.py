@@ -6,14 +6,13 @@ Everything here is post-processing of already-privatised statistics: it costs no
 import torch
 
 
-def symmetrize(matrix: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
-    """(M + Mᵀ)/2 over the last two dimensions (into ``out`` if given, which must not
-    overlap ``matrix``).
+def symmetrize(matrix: torch.Tensor) -> torch.Tensor:
+    """(M + Mᵀ)/2 over the last two dimensions.
 
     Applied to a symmetric statistic plus i.i.d. Gaussian noise, this keeps the statistic and
     halves the variance of the off-diagonal noise (post-processing, free).
     """
-    return torch.add(matrix.transpose(-1, -2), matrix, out=out).mul_(0.5)
+    return matrix.transpose(-1, -2).add(matrix).mul_(0.5)  # one new tensor, not two
 
 
 def psd_project(matrix: torch.Tensor) -> torch.Tensor:
@@ -42,7 +41,8 @@ def solve_psd(
     With ridge > 0 the system is positive definite whatever the noise in ``matrix``, so the
     solve never fails and its conditioning is bounded by (λ_max + ridge)/ridge.
 
-    Where M is positive definite (its Cholesky factorisation succeeds), P(M) = M and one
+    Both the Cholesky factorisation and the eigendecomposition read the lower triangle
+    only. Where M is positive definite (its Cholesky factorisation succeeds), P(M) = M and one
     Cholesky solve of M + ridge·I gives the solution, several times faster than an
     eigendecomposition; the other matrices of a batch are solved through their eigenvalues,
     clamped at 0. Both paths compute the same x up to rounding.
@@ -51,8 +51,9 @@ def solve_psd(
       matrix: (..., d, d) symmetric up to noise.
       rhs: (..., d) or (..., d, k).
       ridge: λ ≥ 0 added after the projection (must be > 0 unless the matrix is well posed).
-      overwrite_matrix: ``matrix`` is symmetric already (as :func:`symmetrize` returns it)
-        and may be overwritten, which saves a copy of it (as in SciPy's ``overwrite_a``).
+      overwrite_matrix: the lower triangles of ``matrix`` hold the symmetric matrices (their
+        strict upper triangles are never read) and ``matrix`` may be overwritten, which
+        saves a symmetrised copy (as SciPy's ``overwrite_a`` saves one).
     """
     vector = rhs.dim() == matrix.dim() - 1
     right = rhs.unsqueeze(-1) if vector else rhs

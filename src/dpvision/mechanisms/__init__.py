@@ -9,6 +9,7 @@ from dpvision.mechanisms.clipping import clip_factors, clip_rows
 from dpvision.mechanisms.noise import (
     Release,
     add_gaussian_noise,
+    add_symmetric_gaussian_noise_,
     gaussian_noise,
     observe_release,
     observing_releases,
@@ -20,6 +21,7 @@ __all__ = [
     "PoissonSampler",
     "Release",
     "add_gaussian_noise",
+    "add_symmetric_gaussian_noise_",
     "clip_factors",
     "clip_rows",
     "gaussian_noise",

@@ -232,7 +232,7 @@ def test_dp_ls_records_the_class_grams_after_their_noise(monkeypatch):
     from dpvision.learners import DPLeastSquares, dp_ls
 
     events = []
-    noise = dp_ls.gaussian_noise
+    noise = dp_ls.add_symmetric_gaussian_noise_
 
     def drawn(*args, **kwargs):
         events.append("noise A_j")
@@ -244,7 +244,7 @@ def test_dp_ls_records_the_class_grams_after_their_noise(monkeypatch):
         events.append(f"record {kwargs['released']}")
         return record(self, **kwargs)
 
-    monkeypatch.setattr(dp_ls, "gaussian_noise", drawn)
+    monkeypatch.setattr(dp_ls, "add_symmetric_gaussian_noise_", drawn)
     monkeypatch.setattr(PrivacyLedger, "record", recorded)
     x = np.random.default_rng(0).normal(size=(30, 4))
     DPLeastSquares(noise_multiplier=2.0, num_classes=3, max_block_bytes=8 * 16).fit(

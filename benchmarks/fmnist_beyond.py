@@ -108,6 +108,24 @@ CANDIDATES: dict[str, tuple[str, Any]] = {
     "dp-ls, projection 256": ("projection + dp-ls", lambda e: _projection("dp-ls", 256)),
     "dp-ls, projection 512": ("projection + dp-ls", lambda e: _projection("dp-ls", 512)),
     "dp-ls, projection 1024": ("projection + dp-ls", lambda e: _projection("dp-ls", 1024)),
+    # λ = "auto" (2σ√d·C², the noise's spectral norm) over-regularises: λ = 10·C² was the
+    # best of {1, 3, 10, 30, 100, 300, 1000} in a probe at d = 256 (seed 0).
+    "dp-ls, projection 256, ridge 10": (
+        "projection + dp-ls",
+        lambda e: _projection("dp-ls", 256, ridge=10.0),
+    ),
+    "dp-ls, projection 512, ridge 10": (
+        "projection + dp-ls",
+        lambda e: _projection("dp-ls", 512, ridge=10.0),
+    ),
+    "dp-ls, projection 1024, ridge 10": (
+        "projection + dp-ls",
+        lambda e: _projection("dp-ls", 1024, ridge=10.0),
+    ),
+    "dp-ls, projection 1024, ridge 20": (
+        "projection + dp-ls",
+        lambda e: _projection("dp-ls", 1024, ridge=20.0),
+    ),
     "dp-fc, projection 512, 3 epochs, lr 1": (
         "projection + dp-fc",
         lambda e: _projection("dp-fc", 512, epochs=3, learning_rate=1.0),

@@ -18,6 +18,8 @@ def _write_config(path: Path, method: str, reference: dict[str, Any] | None = No
     lines = [
         'dataset = "digits"',
         f'method = "{method}"',
+        'features = "pixels"',
+        'accountant = "rdp"',  # the sweep is under test here; PLD calibration takes seconds
         "epsilon = 3.0",
         "",
         "[learner]",

@@ -156,3 +156,26 @@ def test_steps_with_one_step_over_budget_is_an_error():
         calibrate_steps(
             target_epsilon=0.1, target_delta=1e-5, noise_multiplier=0.5, sample_rate=1.0
         )
+
+
+def test_a_repeated_calibration_is_answered_from_the_cache(monkeypatch):
+    from dpvision.accounting import calibration
+
+    calls = []
+    honest = calibration._calibrate
+    monkeypatch.setattr(calibration, "_SOLVED", calibration.OrderedDict())
+    monkeypatch.setattr(
+        calibration, "_calibrate", lambda *a, **k: calls.append(a) or honest(*a, **k)
+    )
+    common = {"target_delta": 1e-5, "sample_rate": 0.01, "steps": 300, "accountant": "pld"}
+    first = calibrate_noise_multiplier(target_epsilon=2.0, **common)
+    assert calibrate_noise_multiplier(target_epsilon=2.0, **common) == first
+    assert len(calls) == 1
+    # any argument that changes the answer is part of the key, the preceding event included
+    prior = gaussian_event(noise_multiplier=8.0)
+    after = calibrate_noise_multiplier(target_epsilon=2.0, preceding_event=prior, **common)
+    assert after > first
+    assert calibrate_noise_multiplier(target_epsilon=2.0, preceding_event=prior, **common) == after
+    assert calibrate_noise_multiplier(target_epsilon=1.0, **common) > first
+    assert calibrate_noise_multiplier(target_epsilon=2.0, **{**common, "steps": 600}) > first
+    assert len(calls) == 4

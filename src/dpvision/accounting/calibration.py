@@ -7,9 +7,13 @@ target, so the budget is used and not wasted.
 
 A ``preceding_event`` (e.g. private normalisation statistics, or an earlier training phase)
 is composed before the calibrated mechanism, so the target covers the whole run.
+
+The noise search is a pure function of its arguments; its answers are kept for the life of
+the process (the last 256), so a sweep over seeds calibrates each configuration once.
 """
 
 import math
+from collections import OrderedDict
 from collections.abc import Callable
 
 import dp_accounting
@@ -40,8 +44,23 @@ _BRACKET_FACTOR = 1.25
 _MAX_BRACKET_FACTOR = 4.0
 
 
+_SOLVED: "OrderedDict[tuple[object, ...], float]" = OrderedDict()
+_SOLVED_SIZE = 256
+
+
 class _UnreachableError(Exception):
     pass
+
+
+def _cache_key(
+    *args: object, preceding_event: dp_accounting.DpEvent | None
+) -> tuple[object, ...] | None:
+    """The key of one calibration, or None where the preceding event has no faithful text
+    (attrs events print every field; an abbreviated array or an address would not)."""
+    text = repr(preceding_event)
+    if "..." in text or " at 0x" in text:
+        return None
+    return (*args, text)
 
 
 def _solve_noise(
@@ -163,6 +182,36 @@ def calibrate_noise_multiplier(
     if which is Accountant.GAUSSIAN:
         gdp_mu(event_at(1.0))  # refuses Poisson-sampled events before any search
 
+    key = _cache_key(
+        target, delta, sample_rate, steps, which, epsilon_tolerance, preceding_event=preceding_event
+    )
+    if key is not None and key in _SOLVED:
+        _SOLVED.move_to_end(key)
+        return _SOLVED[key]
+    try:
+        sigma = _calibrate(event_at, which, target, delta, epsilon_tolerance)
+    except _UnreachableError:
+        raise DPVisionError(
+            f"no noise multiplier up to {MAX_NOISE_MULTIPLIER:g} reaches ε = {target:g} at "
+            f"δ = {delta:g} with sample rate {sample_rate:g} and {steps} steps ({which.value}); "
+            "raise the target ε or δ, or use fewer steps or a lower sample rate"
+        ) from None
+    if key is not None:
+        _SOLVED[key] = sigma
+        if len(_SOLVED) > _SOLVED_SIZE:
+            _SOLVED.popitem(last=False)
+    return sigma
+
+
+def _calibrate(
+    event_at: Callable[[float], dp_accounting.DpEvent],
+    which: Accountant,
+    target: float,
+    delta: float,
+    epsilon_tolerance: float,
+) -> float:
+    """The search behind :func:`calibrate_noise_multiplier`; raises _UnreachableError."""
+
     def epsilon_with(acc: Accountant) -> Callable[[float], float]:
         return lambda sigma: compute_epsilon(event_at(sigma), delta=delta, accountant=acc)
 
@@ -170,21 +219,14 @@ def calibrate_noise_multiplier(
     # from there, without ever evaluating (slow) PLD far above the target. Whatever is
     # returned was measured by the requested accountant to be at or under the target.
     try:
-        try:
-            start = _solve_noise(epsilon_with(Accountant.RDP), target, 1.0, epsilon_tolerance)
-        except _UnreachableError:
-            if which is Accountant.RDP:
-                raise
-            start = MAX_NOISE_MULTIPLIER  # a tighter accountant may still reach the target
-        if which is Accountant.RDP:
-            return start
-        return _solve_noise(epsilon_with(which), target, start, epsilon_tolerance)
+        start = _solve_noise(epsilon_with(Accountant.RDP), target, 1.0, epsilon_tolerance)
     except _UnreachableError:
-        raise DPVisionError(
-            f"no noise multiplier up to {MAX_NOISE_MULTIPLIER:g} reaches ε = {target:g} at "
-            f"δ = {delta:g} with sample rate {sample_rate:g} and {steps} steps ({which.value}); "
-            "raise the target ε or δ, or use fewer steps or a lower sample rate"
-        ) from None
+        if which is Accountant.RDP:
+            raise
+        start = MAX_NOISE_MULTIPLIER  # a tighter accountant may still reach the target
+    if which is Accountant.RDP:
+        return start
+    return _solve_noise(epsilon_with(which), target, start, epsilon_tolerance)
 
 
 def calibrate_steps(

@@ -12,6 +12,8 @@ that the implementation keeps its promise.
 
 * :func:`run_audit` — the two-phase procedure (``dpvision audit`` on the command line);
 * :mod:`dpvision.audit.statistics` — Clopper-Pearson bounds, threshold selection, AUC;
+* :mod:`dpvision.audit.one_run` — the ε lower bound of one training run with m canaries
+  (Steinke, Nasr & Jagielski 2023), from the canaries' scores and inclusion coins;
 * :mod:`dpvision.audit.targets` — the trainings audited, through the code users run;
 * :mod:`dpvision.audit.canaries` — D and the canaries (blank, noise, mislabeled).
 """
@@ -25,6 +27,12 @@ from dpvision.audit.harness import (
     parse_sweep,
     run_audit,
     summary,
+)
+from dpvision.audit.one_run import (
+    audit_one_run,
+    guesses_from_scores,
+    one_run_epsilon_lower_bound,
+    one_run_p_value,
 )
 from dpvision.audit.statistics import (
     AuditStatistics,
@@ -45,12 +53,16 @@ __all__ = [
     "AuditStatistics",
     "advantage_upper_bound",
     "audit_config",
+    "audit_one_run",
     "audit_scores",
     "clopper_pearson",
     "epsilon_lower_bounds",
     "gaussian_tv_distance",
+    "guesses_from_scores",
     "make_audit_data",
     "membership_auc",
+    "one_run_epsilon_lower_bound",
+    "one_run_p_value",
     "parse_sweep",
     "run_audit",
     "summary",

@@ -14,6 +14,8 @@ that the implementation keeps its promise.
 * :mod:`dpvision.audit.statistics` — Clopper-Pearson bounds, threshold selection, AUC;
 * :mod:`dpvision.audit.one_run` — the ε lower bound of one training run with m canaries
   (Steinke, Nasr & Jagielski 2023), from the canaries' scores and inclusion coins;
+* :func:`audit_training` — that bound for any training function (your own model and
+  PrivacyEngine loop), in one call;
 * :mod:`dpvision.audit.targets` — the trainings audited, through the code users run;
 * :mod:`dpvision.audit.canaries` — D and the canaries (blank, noise, mislabeled).
 """
@@ -34,6 +36,7 @@ from dpvision.audit.one_run import (
     one_run_epsilon_lower_bound,
     one_run_p_value,
 )
+from dpvision.audit.one_run_training import audit_training, negative_loss
 from dpvision.audit.statistics import (
     AuditStatistics,
     advantage_upper_bound,
@@ -55,12 +58,14 @@ __all__ = [
     "audit_config",
     "audit_one_run",
     "audit_scores",
+    "audit_training",
     "clopper_pearson",
     "epsilon_lower_bounds",
     "gaussian_tv_distance",
     "guesses_from_scores",
     "make_audit_data",
     "membership_auc",
+    "negative_loss",
     "one_run_epsilon_lower_bound",
     "one_run_p_value",
     "parse_sweep",

@@ -4,7 +4,7 @@ m canaries are each included in the training set independently with probability 
 one training run the auditor guesses, for r of them, whether they were included (it may
 abstain on the others); v of its guesses are right. For an (ε, δ)-DP training algorithm the
 number of right guesses is stochastically dominated by that of ε-DP randomized response on
-r bits, up to a δ term (the paper's Theorem 3.1):
+r bits, up to a δ term (the paper's main theorem):
 
     P[V ≥ v] ≤ P[Binomial(r, q) ≥ v] + δ · max_{1≤i≤v} (2m/i) · P[v − i ≤ Binomial(r, q) < v],
 

@@ -45,7 +45,7 @@ from dpvision.data.augment import augment_views
 from dpvision.data.inputs import pixel_inputs
 from dpvision.errors import DPVisionError
 from dpvision.features import extract_features, feature_shape, parse_feature_spec
-from dpvision.mechanisms import PoissonSampler
+from dpvision.mechanisms import PoissonSampler, clipping
 from dpvision.models.registry import build_model
 from dpvision.per_example import ClippedGradientSum, functional_clipped_sum
 from dpvision.runs import features as feature_runs
@@ -117,6 +117,38 @@ def _linear_loss(scores: torch.Tensor, label: int) -> torch.Tensor:
     return -scores[..., label].to(torch.float64)
 
 
+def fix_learner_mechanism(
+    config: TrainConfig,
+    features: np.ndarray,
+    labels: np.ndarray,
+    channels: int,
+    num_classes: int,
+) -> tuple[TrainConfig, PrivacyClaim]:
+    """The config whose fits all run one mechanism, and the claim of that mechanism.
+
+    σ is calibrated once, by a fit on ``features`` (the audit's D, whose size is public)
+    with the config's target ε; the returned config fixes that σ (and, for
+    ``dp-sgd-linear``, q and T), so that fits on D plus canaries run exactly the same
+    mechanism: the audited examples must not change it.
+    """
+    learner = feature_runs.fit_learner(
+        config, features, labels, features[:1], channels, num_classes
+    ).learner
+    sigma = learner.noise_multiplier_
+    fixed_learner = dict(config.learner)
+    if config.method == "dp-sgd-linear":
+        n = len(features)
+        q = learner._sample_rate(n)
+        fixed_learner.update(sample_rate=q, steps=learner._steps(n), expected_batch_size=q * n)
+    fixed = replace(
+        config,
+        epsilon=None if sigma is not None else math.inf,
+        noise_multiplier=sigma,
+        learner=fixed_learner,
+    )
+    return fixed, PrivacyClaim.from_ledger(learner.privacy_ledger_, config.delta, config.accountant)
+
+
 class AuditTarget(abc.ABC):
     """Trains on D or D' many times and returns the canary's loss under each model."""
 
@@ -157,29 +189,8 @@ class LearnerTarget(AuditTarget):
         else:
             shape = feature_shape(tuple(images.shape[1:]), replace(spec, flatten=False))
             self.channels = int(shape[0])
-        learner = feature_runs.fit_learner(
-            config,
-            self.features,
-            data.labels,
-            self.canary_features,
-            self.channels,
-            data.num_classes,
-        ).learner
-        sigma = learner.noise_multiplier_
-        fixed_learner = dict(config.learner)
-        if config.method == "dp-sgd-linear":
-            # q and T as on D: with the canary, |D′| = |D| + 1 must not change the mechanism.
-            n = len(self.features)
-            q = learner._sample_rate(n)
-            fixed_learner.update(sample_rate=q, steps=learner._steps(n), expected_batch_size=q * n)
-        self.fixed = replace(
-            config,
-            epsilon=None if sigma is not None else math.inf,
-            noise_multiplier=sigma,
-            learner=fixed_learner,
-        )
-        self.claim = PrivacyClaim.from_ledger(
-            learner.privacy_ledger_, config.delta, config.accountant
+        self.fixed, self.claim = fix_learner_mechanism(
+            config, self.features, data.labels, self.channels, data.num_classes
         )
 
     def canary_losses(
@@ -226,6 +237,44 @@ class _Stack(torch.nn.Module):
         return {name: getattr(self, f"p{i}") for i, name in enumerate(self.names)}
 
 
+@dataclasses.dataclass
+class GradientCanaries:
+    """White-box canaries of DP-SGD: canary i is an example whose gradient is
+    ``scale``·C·e in the flat parameter coordinate ``coordinates[i]``, in the training set
+    iff ``included[i]``; each step it joins the Poisson batch with probability q and its
+    gradient is clipped by :func:`~dpvision.mechanisms.clipping.clip_factors`, as every
+    example's is.
+
+    Attributes:
+      coordinates: (m,) flat indices into the parameters, in ``named_parameters`` order.
+      included: (m,) bool.
+      scale: the canary gradient's norm in units of C.
+      seed: seeds the canaries' Poisson draws.
+    """
+
+    coordinates: np.ndarray
+    included: np.ndarray
+    scale: float = 10.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self._draws = np.random.default_rng(self.seed)
+
+    def add_to(self, sums: dict[str, torch.Tensor], sample_rate: float, clip: float) -> None:
+        """Adds the clipped gradients of the canaries drawn into this step's batch to the
+        (one run's) clipped sums ``sums`` (name → (1, ...)), in place."""
+        drawn = self.included & (self._draws.random(len(self.included)) < sample_rate)
+        norm = torch.tensor([self.scale * clip], dtype=torch.float64)
+        size = float(clipping.clip_factors(norm, clip)[0]) * self.scale * clip
+        offset = 0
+        for value in sums.values():
+            flat = value.view(-1)
+            mine = self.coordinates[drawn]
+            mine = mine[(mine >= offset) & (mine < offset + flat.numel())] - offset
+            flat[torch.as_tensor(mine, dtype=torch.long, device=flat.device)] += size
+            offset += flat.numel()
+
+
 class DPSGDTarget(AuditTarget):
     """``dp-sgd`` on pixels: many runs of one (small) model trained at once.
 
@@ -234,24 +283,33 @@ class DPSGDTarget(AuditTarget):
         Poisson sampling on D, q = batch_size/|D|, the same q on D' (|D| is public).
       data: the audit data.
       memory_bytes: memory for per-example gradients; runs are trained in chunks that fit.
+      public_size: the public dataset size q is computed from (default |D|).
     """
 
-    def __init__(self, config: TrainConfig, data: AuditData, memory_bytes: int = 2**28) -> None:
+    def __init__(
+        self,
+        config: TrainConfig,
+        data: AuditData,
+        memory_bytes: int = 2**28,
+        public_size: int | None = None,
+    ) -> None:
         super().__init__(config, data)
+        public_size = public_size or data.size
         if config.features != "pixels":
             raise DPVisionError("the dp-sgd audit trains on pixels: set features = pixels")
         options = config.dpsgd
-        if options.batch_size > data.size:
+        if options.batch_size > public_size:
             raise DPVisionError(
                 f"learner.batch_size {options.batch_size} exceeds the audit dataset size "
-                f"{data.size}"
+                f"{public_size}"
             )
         self.options = options
         self.device = device = config.placement.device
         images, labels = data.training_set(with_canary=True)
         self.inputs = pixel_inputs(images, data.name, options.normalization).to(device)
         self.targets = torch.as_tensor(labels, dtype=torch.long).to(device)
-        self.sample_rate = options.batch_size / data.size
+        self.sample_rate = options.batch_size / public_size
+        self.public_size = public_size
         self.steps = (
             options.steps
             if options.steps is not None
@@ -317,9 +375,14 @@ class DPSGDTarget(AuditTarget):
         sampler_seed: int,
         noise_seed: int,
         augment_seed: int,
+        gradient_canaries: "GradientCanaries | None" = None,
     ) -> dict[str, torch.Tensor]:
         """Trains ``runs`` models at once; returns their released parameters, stacked (the
         EMA when ``ema_decay`` > 0, as ``dpvision train`` reports).
+
+        ``gradient_canaries`` (one run only): crafted examples whose gradient is a Dirac
+        vector, sampled like every example and clipped by the same clipping, added to the
+        clipped sum (the white-box canaries of a one-run audit).
 
         Privacy:
           Each run is DP-SGD on its own data: per step, one Poisson batch at rate q drawn
@@ -337,7 +400,7 @@ class DPSGDTarget(AuditTarget):
         release = GradientRelease(
             noise_multiplier=self.sigma,
             sample_rate=self.sample_rate,
-            expected_batch_size=self.sample_rate * self.data.size,
+            expected_batch_size=self.sample_rate * self.public_size,
             normalize_update=options.normalize_update,
         )
         sampler = PoissonSampler(
@@ -346,6 +409,8 @@ class DPSGDTarget(AuditTarget):
         noise = torch.Generator(device=self.device).manual_seed(noise_seed)
         augment = torch.Generator().manual_seed(augment_seed)  # draws on the CPU, views on device
         ledger = PrivacyLedger()
+        if gradient_canaries is not None and runs != 1:
+            raise DPVisionError("gradient canaries are for one run at a time")
 
         def clipped(
             p: dict[str, torch.Tensor], batch: torch.Tensor, keep: torch.Tensor
@@ -380,6 +445,8 @@ class DPSGDTarget(AuditTarget):
                 batch, batch_dim = inputs.unsqueeze(1), None
             params = {k: v.detach() for k, v in stack.stacked().items()}
             sums = vmap(clipped, in_dims=(0, batch_dim, 0))(params, batch, keep.view(runs, n))
+            if gradient_canaries is not None:
+                gradient_canaries.add_to(sums, self.sample_rate, options.max_grad_norm)
             # Each run's clipped sum has sensitivity C; the noise is drawn for every run.
             total = ClippedGradientSum.zeros(stack.stacked(), l2_sensitivity=options.max_grad_norm)
             total.grads = sums

@@ -28,6 +28,7 @@ from dpvision.mechanisms import (
     add_symmetric_gaussian_noise_,
     observe_release,
     release_gaussian,
+    report_released,
 )
 
 
@@ -157,6 +158,7 @@ class DPLeastSquares(DPLinearClassifier):
                     generator=generator,
                     scratch=scratch,
                 )
+            report_released(grams, l2_sensitivity=c * c, released="DP-LS A_j", part=first > 0)
             # Post-processing: regularise, project to PSD and solve.
             # Each rank solves its share of the block's classes; the others stay zero in its
             # coef, so the final all-reduce assembles every class's solution exactly.

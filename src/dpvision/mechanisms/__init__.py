@@ -14,6 +14,8 @@ from dpvision.mechanisms.noise import (
     observe_release,
     observing_releases,
     release_gaussian,
+    report_released,
+    watching_released,
 )
 from dpvision.mechanisms.sampling import PoissonSampler
 
@@ -28,4 +30,6 @@ __all__ = [
     "observe_release",
     "observing_releases",
     "release_gaussian",
+    "report_released",
+    "watching_released",
 ]

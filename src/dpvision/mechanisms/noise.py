@@ -86,6 +86,38 @@ def observe_release(
     return observer(Release(released, value.detach().clone(), float(l2_sensitivity), part))
 
 
+ReleasedWatcher = Callable[[Release], None]
+_WATCHER: ContextVar[ReleasedWatcher | None] = ContextVar("dpvision_released_watcher", default=None)
+
+
+@contextmanager
+def watching_released(watcher: ReleasedWatcher) -> Iterator[None]:
+    """Shows every value released inside the block to ``watcher``, *after* its noise.
+
+    This is what an adversary who sees the mechanism's output sees (the white-box auditor
+    of :mod:`dpvision.audit.one_run_targets` scores its canaries on it); the watcher gets a
+    copy (:attr:`Release.value` is then the noisy value) and cannot change the release.
+    """
+    token = _WATCHER.set(watcher)
+    try:
+        yield
+    finally:
+        _WATCHER.reset(token)
+
+
+def report_released(
+    value: torch.Tensor, *, l2_sensitivity: float, released: str, part: bool = False
+) -> None:
+    """Shows a release's noisy value to the active :func:`watching_released` watcher, if any.
+
+    Privacy:
+      Releases nothing beyond ``value``, which the caller releases anyway.
+    """
+    watcher = _WATCHER.get()
+    if watcher is not None:
+        watcher(Release(released, value.detach().clone(), float(l2_sensitivity), part))
+
+
 def _noise_std(l2_sensitivity: float, noise_multiplier: float) -> float:
     sigma = check_noise_multiplier(noise_multiplier)
     sensitivity = float(l2_sensitivity)
@@ -240,6 +272,7 @@ def release_gaussian(
     value = observe_release(value, l2_sensitivity=l2_sensitivity, released=released)
     if noise_multiplier is None:
         ledger.record_non_private(released=f"{released} (noise off)")
+        report_released(value, l2_sensitivity=l2_sensitivity, released=released)
         return value
     noisy = add_gaussian_noise(
         value,
@@ -253,4 +286,5 @@ def release_gaussian(
         l2_sensitivity=l2_sensitivity,
         released=released,
     )
+    report_released(noisy, l2_sensitivity=l2_sensitivity, released=released)
     return noisy

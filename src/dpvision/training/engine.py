@@ -22,7 +22,7 @@ from dpvision.accounting import PrivacyLedger
 from dpvision.averaging import ema_decay
 from dpvision.distributed import Workers
 from dpvision.errors import DPVisionError
-from dpvision.mechanisms import gaussian_noise, observe_release
+from dpvision.mechanisms import gaussian_noise, observe_release, report_released
 from dpvision.per_example import CLIPPING_METHODS, ClippedGradientSum, clip_and_sum
 
 RELEASED = "DP-SGD clipped gradient sum"
@@ -93,6 +93,9 @@ def privatize_gradients(
                 device=total.device,
                 generator=generator,
             )
+        report_released(
+            total, l2_sensitivity=l2_sensitivity, released=release.released, part=index > 0
+        )
         param.grad = total / divisor
     if sigma > 0:
         # The noise on all parameters together is one Gaussian release of sensitivity Δ.

@@ -1,10 +1,11 @@
 """End-to-end audits: honest mechanisms stay below their claim, broken ones are caught.
 
-The broken variants exist only here: each patches one piece of dpvision's real code path
-(the noise scale of :mod:`dpvision.mechanisms.noise`, the clipping rule
-:func:`dpvision.mechanisms.clipping.clip_factors`), and the very same harness then has to
-report a lower bound above the claimed ε. Audits are reduced (few runs, |D| = 50) so the
-whole file runs in well under five minutes.
+The broken variants exist only in the tests (``planted()`` and ``noise_scaled()`` of
+``benchmarks/audit_one_run.py``): each patches one piece of dpvision's real code path (the
+noise scale of :mod:`dpvision.mechanisms.noise`, the clipping rule
+:func:`dpvision.mechanisms.clipping.clip_factors`) inside a ``with`` block, and the very
+same harness then has to report a lower bound above the claimed ε. Audits are reduced
+(few runs, |D| = 50) so the whole file runs in well under five minutes.
 """
 
 import json
@@ -12,12 +13,11 @@ import math
 
 import numpy as np
 import pytest
-import torch
+from planted_bugs import bench
 
 from dpvision.audit import AuditSettings, audit_config, run_audit
 from dpvision.cli import main
 from dpvision.config import resolve
-from dpvision.mechanisms import clipping, noise
 
 RUNS = 300
 FAST_SGD = ["learner.steps=20", "learner.batch_size=32", "learner.physical_batch_size=32"]
@@ -37,23 +37,6 @@ def _audit(method, epsilon, *, canary, sets=(), runs=RUNS, size=50):
         dataset_size=size, canaries=(canary,), phase1_runs=2, runs=runs, seed=11
     )
     return run_audit(config, settings, progress=False)
-
-
-def _scale_noise(monkeypatch, factor):
-    """Bug: the Gaussian mechanism draws ``factor`` of the noise its sensitivity calls for."""
-    honest = noise._noise_std
-    monkeypatch.setattr(noise, "_noise_std", lambda *a, **k: factor * honest(*a, **k))
-
-
-@pytest.fixture
-def clipping_skipped(monkeypatch):
-    """Bug: clipping leaves every contribution as it is (scale 1, sensitivity unbounded)."""
-
-    def no_clipping(norms, max_norm, keep=None):
-        scale = torch.ones_like(norms)
-        return scale if keep is None else torch.where(keep.to(torch.bool), scale, 0.0)
-
-    monkeypatch.setattr(clipping, "clip_factors", no_clipping)
 
 
 # ---- honest mechanisms -------------------------------------------------------------------
@@ -89,11 +72,12 @@ def test_honest_mechanisms_stay_below_their_claim(method, epsilon, canary, sets)
     ("method", "factor", "canary", "sets"),
     [("dp-sgd", 0.3, "blank", REVEALING_SGD), ("dp-ls", 0.1, "noise", [])],
 )
-def test_too_little_noise_is_caught(monkeypatch, method, factor, canary, sets):
+def test_too_little_noise_is_caught(method, factor, canary, sets):
     """DP-SGD with 0.3 of its noise, DP-LS with 0.1 of it. (On DP-LS this black-box attack
-    does not reach ε = 1 for 0.3 of the noise with 1000 runs: bound 0.92, AUC 0.77.)"""
-    _scale_noise(monkeypatch, factor)
-    report = _audit(method, 1.0, canary=canary, sets=sets, runs=1000)
+    does not reach ε = 1 for 0.3 of the noise with 1000 runs: bound 0.92, AUC 0.77; the
+    one-run white-box audit does, in test_one_run_targets.py.)"""
+    with bench.noise_scaled(factor):
+        report = _audit(method, 1.0, canary=canary, sets=sets, runs=1000)
     assert report["claimed_epsilon"] <= 1.0  # the ledger still claims ε = 1 ...
     assert report["epsilon_lower_bound"] > report["claimed_epsilon"]  # ... and is refuted
     assert report["violation"]
@@ -101,10 +85,10 @@ def test_too_little_noise_is_caught(monkeypatch, method, factor, canary, sets):
           f"{report['epsilon_lower_bound']:.3f}")  # fmt: skip
 
 
-@pytest.mark.usefixtures("clipping_skipped")
 def test_skipped_clipping_is_caught():
     method = "dp-sgd"
-    report = _audit(method, 1.0, canary="blank", sets=REVEALING_SGD, runs=1000)
+    with bench.planted("no clipping"):
+        report = _audit(method, 1.0, canary="blank", sets=REVEALING_SGD, runs=1000)
     assert report["epsilon_lower_bound"] > report["claimed_epsilon"]
     assert report["violation"]
     print(f"{method}, no clipping: claimed {report['claimed_epsilon']:.3f}, lower bound "

@@ -135,6 +135,7 @@ class LearnerOneRun(OneRunTarget):
                 )
             # Extraction is a fixed per-example map: it costs no privacy (dpvision.features).
             base = np.asarray(extract_features(images, spec, progress=False), np.float32)
+            self.base_features = base
             d = base.shape[1]
             self.features = np.concatenate([base, np.zeros((size, canaries), np.float32)], 1)
             self.canary_features = np.zeros((canaries, d + canaries), np.float32)
@@ -148,14 +149,17 @@ class LearnerOneRun(OneRunTarget):
             both = np.concatenate([images, canary_images])
             extracted = np.asarray(extract_features(both, spec, progress=False), np.float32)
             self.features, self.canary_features = extracted[:size], extracted[size:]
+            self.base_features = self.features
             channels = (
                 config.preprocessing.channels
                 if config.preprocessing.channels is not None
                 else (1 if spec.projection_dim is not None else int(images.shape[-1]))
             )
         self.channels = channels
+        # σ (and q, T) depend on |D|, ε and δ, not on the feature dimension: calibrated on
+        # D's own features, without the canaries' empty coordinates.
         self.fixed, self.claim = fix_learner_mechanism(
-            config, self.features, self.labels, channels, dataset.num_classes
+            config, self.base_features, self.labels, channels, dataset.num_classes
         )
         self.statistics = canary == "dirac"
         self.score = (

@@ -122,12 +122,17 @@ TWO_PHASE_ONLY = ("runs", "phase1_runs", "sweep", "selection_fraction")
 ONE_RUN_ONLY = ("canaries", "guesses")
 
 
+def _given(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
 def run(args: argparse.Namespace) -> None:
-    wrong = [n for n in (TWO_PHASE_ONLY if args.one_run else ONE_RUN_ONLY) if getattr(args, n)]
+    only = TWO_PHASE_ONLY if args.one_run else ONE_RUN_ONLY
+    wrong = [name for name in only if getattr(args, name) is not None]
     if wrong:
         where = "the two-phase audit" if args.one_run else "--one-run"
         raise DPVisionError(f"{_flag(wrong[0])} applies to {where} only")
@@ -158,10 +163,10 @@ def _one_run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
     settings = OneRunSettings(
         dataset_size=args.dataset_size,
-        canaries=args.canaries or 1000,
+        canaries=_given(args.canaries, 1000),
         canary=args.canary,
-        guesses=args.guesses or 100,
-        confidence=args.confidence or 0.95,
+        guesses=_given(args.guesses, 100),
+        confidence=_given(args.confidence, 0.95),
         delta=args.delta,
         seed=args.seed if args.seed is not None else 0,
     )
@@ -188,10 +193,10 @@ def _two_phase(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
         canaries=canaries,
         canary_label=args.canary_label,
         sweep=sweep,
-        phase1_runs=args.phase1_runs or 100,
-        runs=args.runs or 1000,
-        confidence=args.confidence or 0.999,
-        selection_fraction=args.selection_fraction or 0.1,
+        phase1_runs=_given(args.phase1_runs, 100),
+        runs=_given(args.runs, 1000),
+        confidence=_given(args.confidence, 0.999),
+        selection_fraction=_given(args.selection_fraction, 0.1),
         delta=args.delta,
         seed=args.seed if args.seed is not None else 0,
     )

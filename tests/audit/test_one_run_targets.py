@@ -171,3 +171,12 @@ def test_cli_one_run_bad_input_is_one_line(argv, message, capsys):
     err = capsys.readouterr().err.strip()
     assert message in err
     assert len(err.splitlines()) == 1
+
+
+def test_honest_dp_sgd_over_seeds_exceeds_its_claim_no_more_often_than_allowed():
+    # At 95 % confidence a valid bound may exceed the claim in 5 % of audits; over 20 seeds
+    # P[Binomial(20, 0.05) >= 4] = 1.6 %, so 4 or more would be evidence of a bug.
+    exceeded = [
+        bench.audit_target("dp-sgd", "honest", 2.0, seed=seed)["violation"] for seed in range(20)
+    ]
+    assert sum(exceeded) <= 3

@@ -16,6 +16,9 @@ that the implementation keeps its promise.
   (Steinke, Nasr & Jagielski 2023), from the canaries' scores and inclusion coins;
 * :func:`audit_training` — that bound for any training function (your own model and
   PrivacyEngine loop), in one call;
+* :func:`run_one_run_audit` — that bound for dpvision's own training paths (``dpvision
+  audit --one-run``), with white-box Dirac canaries scored on the released values
+  (:mod:`dpvision.audit.one_run_targets`) or black-box mislabeled images;
 * :mod:`dpvision.audit.targets` — the trainings audited, through the code users run;
 * :mod:`dpvision.audit.canaries` — D and the canaries (blank, noise, mislabeled).
 """
@@ -36,6 +39,12 @@ from dpvision.audit.one_run import (
     one_run_epsilon_lower_bound,
     one_run_p_value,
 )
+from dpvision.audit.one_run_harness import (
+    OneRunSettings,
+    one_run_config,
+    one_run_summary,
+    run_one_run_audit,
+)
 from dpvision.audit.one_run_training import audit_training, negative_loss
 from dpvision.audit.statistics import (
     AuditStatistics,
@@ -54,6 +63,7 @@ __all__ = [
     "AuditData",
     "AuditSettings",
     "AuditStatistics",
+    "OneRunSettings",
     "advantage_upper_bound",
     "audit_config",
     "audit_one_run",
@@ -66,9 +76,12 @@ __all__ = [
     "make_audit_data",
     "membership_auc",
     "negative_loss",
+    "one_run_config",
     "one_run_epsilon_lower_bound",
     "one_run_p_value",
+    "one_run_summary",
     "parse_sweep",
     "run_audit",
+    "run_one_run_audit",
     "summary",
 ]

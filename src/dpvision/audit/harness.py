@@ -66,18 +66,13 @@ class AuditSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("phase1_runs", "runs", "dataset_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 2:
-                raise DPVisionError(f"{name.replace('_', '-')} must be a whole number >= 2")
+        check_counts(self, ("phase1_runs", "runs", "dataset_size"), minimum=2)
         unknown = [c for c in self.canaries if c not in CANARIES]
         if unknown or not self.canaries:
             raise DPVisionError(
                 f"unknown canary {', '.join(unknown) or '(none)'}; choose from "
                 f"{', '.join(CANARIES)}"
             )
-        if not 0 < self.confidence < 1:
-            raise DPVisionError(f"confidence must be in (0, 1), got {self.confidence}")
 
     def candidates(self) -> list[tuple[str, tuple[str, ...]]]:
         """Every (canary, ``--set`` items) combination phase I tries."""
@@ -88,6 +83,17 @@ class AuditSettings:
             for values in itertools.product(*grids)
         ]
         return [(canary, combo) for canary in self.canaries for combo in combos]
+
+
+def check_counts(settings: Any, names: Sequence[str], *, minimum: int) -> None:
+    """Raises a one-line error unless each of ``names`` is a whole number ≥ ``minimum`` and
+    ``settings.confidence`` is in (0, 1)."""
+    for name in names:
+        value = getattr(settings, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise DPVisionError(f"{name.replace('_', '-')} must be a whole number >= {minimum}")
+    if not 0 < settings.confidence < 1:
+        raise DPVisionError(f"confidence must be in (0, 1), got {settings.confidence}")
 
 
 # What an audit trains when the user does not say: small enough for thousands of runs.
@@ -296,22 +302,26 @@ def _seed(settings: AuditSettings, phase: int, index: int) -> int:
     return int(state[0])
 
 
+def verdict(report: dict[str, Any]) -> tuple[str, str]:
+    """(the claimed ε as text, the verdict) of an audit report."""
+    claimed = report["claimed_epsilon"]
+    text = "∞ (no noise)" if math.isinf(claimed) else f"{claimed:.4f}"
+    if report["violation"]:
+        return text, "VIOLATION: the lower bound exceeds the claimed ε"
+    return text, "no violation found"
+
+
 def summary(report: dict[str, Any]) -> str:
     """A few readable lines about an audit report."""
-    claimed = report["claimed_epsilon"]
-    verdict = (
-        "VIOLATION: the lower bound exceeds the claimed ε"
-        if report["violation"]
-        else "no violation found"
-    )
-    claimed_text = "∞ (no noise)" if math.isinf(claimed) else f"{claimed:.4f}"
+    claimed_text, verdict_text = verdict(report)
     return (
         f"audit of {report['method']} on {report['dataset_size']} examples of "
         f"{report['dataset']}, canary {report['canary']} "
         f"({', '.join(report['chosen_set']) or 'config as given'})\n"
         f"claimed ε = {claimed_text} at δ = {report['delta']:.3g}; ε lower bound "
         f"{report['epsilon_lower_bound']:.4f} at {100 * report['confidence']:g} % confidence "
-        f"({report['evaluation_runs']} + {report['evaluation_runs']} evaluation runs): {verdict}\n"
+        f"({report['evaluation_runs']} + {report['evaluation_runs']} evaluation runs): "
+        f"{verdict_text}\n"
         f"membership AUC {report['membership_auc']:.3f}, advantage "
         f"{report['membership_advantage']:.3f} (at most {report['advantage_upper_bound']:.3f} "
         f"under the claim)\n"

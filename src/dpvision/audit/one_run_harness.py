@@ -7,7 +7,6 @@ One training of dpvision's own code on the audit's D plus a random half of m can
 """
 
 import dataclasses
-import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from dpvision.audit.harness import audit_config
+from dpvision.audit.harness import audit_config, check_counts, verdict
 from dpvision.audit.one_run import audit_one_run
 from dpvision.audit.one_run_targets import ONE_RUN_CANARIES, make_one_run_target
 from dpvision.audit.plot import score_histogram
@@ -46,10 +45,7 @@ class OneRunSettings:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("dataset_size", "canaries", "guesses"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise DPVisionError(f"{name.replace('_', '-')} must be a whole number >= 1")
+        check_counts(self, ("dataset_size", "canaries", "guesses"), minimum=1)
         if 2 * self.guesses > self.canaries:
             raise DPVisionError(
                 f"--guesses {self.guesses} in and {self.guesses} out need at least "
@@ -59,8 +55,6 @@ class OneRunSettings:
             raise DPVisionError(
                 f"unknown one-run canary {self.canary!r}; choose from {', '.join(ONE_RUN_CANARIES)}"
             )
-        if not 0 < self.confidence < 1:
-            raise DPVisionError(f"confidence must be in (0, 1), got {self.confidence}")
 
 
 def one_run_config(
@@ -169,20 +163,14 @@ def run_one_run_audit(
 
 def one_run_summary(report: dict[str, Any]) -> str:
     """A few readable lines about a one-run audit report."""
-    claimed = report["claimed_epsilon"]
-    verdict = (
-        "VIOLATION: the lower bound exceeds the claimed ε"
-        if report["violation"]
-        else "no violation found"
-    )
-    claimed_text = "∞ (no noise)" if math.isinf(claimed) else f"{claimed:.4f}"
+    claimed_text, verdict_text = verdict(report)
     return (
         f"one-run audit of {report['method']} on {report['dataset_size']} examples of "
         f"{report['dataset']} + {report['canaries']} {report['canary']} canaries "
         f"({report['included']} drawn in)\n"
         f"claimed ε = {claimed_text} at δ = {report['delta']:.3g}; ε lower bound "
         f"{report['epsilon_lower_bound']:.4f} at {100 * report['confidence']:g} % confidence "
-        f"({report['correct']} of {report['guesses']} guesses right): {verdict}\n"
+        f"({report['correct']} of {report['guesses']} guesses right): {verdict_text}\n"
         f"score: {report['score']}\n"
         f"wall time {report['wall_seconds']:.1f} s (training {report['train_seconds']:.1f} s)"
     )

@@ -30,7 +30,7 @@ dataset size) come from the public sizes, as in :mod:`dpvision.audit.targets`.
 
 import abc
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -57,6 +57,16 @@ DIRAC_SCALE = 10.0
 """A Dirac canary's one coordinate, in units of the learner's largest clip norm C: clipped
 to exactly C·e (so clipping that is skipped shows), yet small enough for the learner's own
 forward pass to stay in its range."""
+
+
+@dataclass(frozen=True)
+class CanaryPlan:
+    """|D| (``size``), m (``canaries``), the canary kind and the seed of a one-run audit."""
+
+    size: int
+    canaries: int
+    canary: str
+    seed: int
 
 
 class OneRunTarget(abc.ABC):
@@ -111,16 +121,8 @@ class LearnerOneRun(OneRunTarget):
     """A feature learner (``dp-ls``, ``dp-newton``, ``dp-fc``, ``dp-sgd-linear``), fitted
     once by :func:`dpvision.runs.features.fit_learner` on D and the included canaries."""
 
-    def __init__(
-        self,
-        config: TrainConfig,
-        dataset: ImageDataset,
-        *,
-        size: int,
-        canaries: int,
-        canary: str,
-        seed: int,
-    ) -> None:
+    def __init__(self, config: TrainConfig, dataset: ImageDataset, plan: CanaryPlan) -> None:
+        size, canaries, canary, seed = plan.size, plan.canaries, plan.canary, plan.seed
         self.config, self.kind = config, canary
         self.num_classes = dataset.num_classes
         rng = np.random.default_rng(np.random.SeedSequence([seed, 11]))
@@ -273,16 +275,8 @@ class DPSGDOneRun(OneRunTarget):
     −cross-entropy under the trained model.
     """
 
-    def __init__(
-        self,
-        config: TrainConfig,
-        dataset: ImageDataset,
-        *,
-        size: int,
-        canaries: int,
-        canary: str,
-        seed: int,
-    ) -> None:
+    def __init__(self, config: TrainConfig, dataset: ImageDataset, plan: CanaryPlan) -> None:
+        size, canaries, canary, seed = plan.size, plan.canaries, plan.canary, plan.seed
         if config.features != "pixels":
             raise DPVisionError("the dp-sgd audit trains on pixels: set features = pixels")
         rng = np.random.default_rng(np.random.SeedSequence([seed, 11]))
@@ -389,6 +383,4 @@ def make_one_run_target(
             f"unknown one-run canary {canary!r}; choose from {', '.join(ONE_RUN_CANARIES)}"
         )
     target = DPSGDOneRun if config.method == "dp-sgd" else LearnerOneRun
-    return target(
-        config, dataset, size=size, canaries=canaries, canary=canary or "dirac", seed=seed
-    )
+    return target(config, dataset, CanaryPlan(size, canaries, canary or "dirac", seed))

@@ -150,6 +150,12 @@ class TrainConfig:
             self.noise_multiplier == 0
         )
 
+    @property
+    def secure_mode(self) -> bool:
+        """``learner.secure_mode``: every noisy release (and Poisson sampling) draws from the
+        operating system's CSPRNG (:mod:`dpvision.mechanisms.secure`)."""
+        return self.learner.get("secure_mode", False) is True
+
     @functools.cached_property
     def placement(self) -> Placement:
         """The device and precision of this run, resolved on this machine."""

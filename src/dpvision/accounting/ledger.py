@@ -43,6 +43,7 @@ from dpvision.errors import DPVisionError
 LEDGER_FORMAT = "dpvision-ledger/1"
 NON_PRIVATE = "none"
 SELECTION = "repeat-and-select"
+NOISE_SOURCES = ("pseudo-random", "secure")
 NEIGHBORING_RELATION = "add_or_remove_one"
 
 
@@ -58,6 +59,8 @@ class LedgerEntry:
       count: How many times the release ran.
       released: What was released, in words (e.g. ``"DP-SGD gradient sum"``).
       l2_sensitivity: The L2 sensitivity Δ the noise was scaled to (noise std σΔ), when known.
+      noise_source: ``"pseudo-random"`` (a seeded generator) or ``"secure"`` (the operating
+        system's CSPRNG, :mod:`dpvision.mechanisms.secure`); written to JSON only when secure.
     """
 
     noise_multiplier: float
@@ -66,6 +69,7 @@ class LedgerEntry:
     released: str
     l2_sensitivity: float | None = None
     mechanism: str = "gaussian"
+    noise_source: str = "pseudo-random"
 
     def __post_init__(self) -> None:
         check_sample_rate(self.sample_rate)
@@ -77,6 +81,8 @@ class LedgerEntry:
             check_noise_multiplier(self.noise_multiplier)
         else:
             raise DPVisionError(f"unknown mechanism {self.mechanism!r} in ledger entry")
+        if self.noise_source not in NOISE_SOURCES:
+            raise DPVisionError(f"unknown noise_source {self.noise_source!r} in ledger entry")
         if self.l2_sensitivity is not None and not (
             math.isfinite(self.l2_sensitivity) and self.l2_sensitivity > 0
         ):
@@ -101,7 +107,10 @@ class LedgerEntry:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict, with the derived ``sampling`` field for readers."""
-        return {**asdict(self), "sampling": self.sampling}
+        fields = asdict(self)
+        if self.noise_source == "pseudo-random":
+            del fields["noise_source"]
+        return {**fields, "sampling": self.sampling}
 
 
 @dataclass(frozen=True)
@@ -187,6 +196,7 @@ _ENTRY_FIELDS = {
     "released",
     "l2_sensitivity",
     "mechanism",
+    "noise_source",
 }
 
 
@@ -253,8 +263,10 @@ class PrivacyLedger:
         sample_rate: float = 1.0,
         count: int = 1,
         l2_sensitivity: float | None = None,
+        noise_source: str = "pseudo-random",
     ) -> None:
-        """Appends ``count`` releases of Gaussian noise with multiplier σ at sampling rate q."""
+        """Appends ``count`` releases of Gaussian noise with multiplier σ at sampling rate q
+        (``noise_source``: see :class:`LedgerEntry`)."""
         self._append(
             LedgerEntry(
                 noise_multiplier=float(noise_multiplier),
@@ -262,6 +274,7 @@ class PrivacyLedger:
                 count=int(count),
                 released=released,
                 l2_sensitivity=None if l2_sensitivity is None else float(l2_sensitivity),
+                noise_source=noise_source,
             )
         )
 

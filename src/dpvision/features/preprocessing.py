@@ -9,6 +9,8 @@ import torch
 
 from dpvision.accounting import PrivacyLedger
 from dpvision.features.normalization import PrivateCentering, PrivateNormalizer, group_normalize
+from dpvision.mechanisms import SecureRandom
+from dpvision.mechanisms.noise import NoiseGenerator
 
 
 @dataclass(frozen=True)
@@ -77,10 +79,12 @@ def preprocess(
     seed: int,
     *,
     noise_off: bool = False,
+    secure: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, FittedPreprocessing]:
     """Applies ``pre`` to train and test features, recording private steps in ``ledger``;
     returns them and the fitted preprocessing (for new features).
 
+    ``secure``: the noise comes from the operating system's CSPRNG (``seed`` unused).
     ``noise_off``: the run is a non-private baseline (ε = ∞ or σ = 0); the private
     statistics are then computed without noise and recorded as non-private.
 
@@ -91,7 +95,7 @@ def preprocess(
       features are only transformed with those released statistics.
     """
     sigma = 0.0 if noise_off else pre.noise_multiplier
-    generator = torch.Generator().manual_seed(seed)
+    generator: NoiseGenerator = SecureRandom() if secure else torch.Generator().manual_seed(seed)
     statistics: dict[str, np.ndarray] = {}
     if pre.kind == "private-norm":
         normalizer = PrivateNormalizer(

@@ -29,6 +29,8 @@ from dpvision.devices import resolve_device
 from dpvision.distributed import Workers, current
 from dpvision.errors import DPVisionError
 from dpvision.learners.statistics import check_features, iter_chunks
+from dpvision.mechanisms import SecureRandom
+from dpvision.mechanisms.noise import NoiseGenerator
 
 
 def make_generator(random_state: int | None, device: str = "cpu") -> torch.Generator:
@@ -85,17 +87,18 @@ class PrivateFit:
       num_classes: m, public (never read off the labels).
       sigma: the noise multiplier of every release, None with the noise off.
       ledger: where each release is recorded as it is made.
-      generator: the noise generator (identically seeded on every rank).
+      generator: the noise generator (identically seeded on every rank), or the secure
+        mode's CSPRNG.
       workers: the processes sharing the rows.
     """
 
     num_classes: int
     sigma: float | None
     ledger: PrivacyLedger
-    generator: torch.Generator
+    generator: NoiseGenerator
     workers: Workers
 
-    def unpack(self) -> tuple[int, float | None, PrivacyLedger, torch.Generator, Workers]:
+    def unpack(self) -> tuple[int, float | None, PrivacyLedger, NoiseGenerator, Workers]:
         """(num_classes, sigma, ledger, generator, workers)."""
         return self.num_classes, self.sigma, self.ledger, self.generator, self.workers
 
@@ -153,6 +156,7 @@ class DPLinearClassifier(ClassifierMixin, BaseEstimator, abc.ABC):  # type: igno
     noise_multiplier: float | None
     accountant: str | None
     random_state: int | None
+    secure_mode: bool
     num_classes: int | None
     chunk_size: int
     device: str
@@ -164,6 +168,8 @@ class DPLinearClassifier(ClassifierMixin, BaseEstimator, abc.ABC):  # type: igno
             value = getattr(self, name, 1.0)
             if not (isinstance(value, int | float) and 0 < value < math.inf):
                 raise DPVisionError(f"{name} must be a number > 0, got {value!r}")
+        if not isinstance(self.secure_mode, bool):
+            raise DPVisionError(f"secure_mode must be true or false, got {self.secure_mode!r}")
         if not (isinstance(self.chunk_size, int) and self.chunk_size >= 1):
             raise DPVisionError(f"chunk_size must be a whole number >= 1, got {self.chunk_size!r}")
         resolve_device(self.device)
@@ -225,15 +231,17 @@ class DPLinearClassifier(ClassifierMixin, BaseEstimator, abc.ABC):  # type: igno
             accountant=self.accountant,
         )
         workers = current()
-        if workers.distributed and self.random_state is None:
+        if workers.distributed and (self.random_state is None or self.secure_mode):
             raise DPVisionError(
-                "under torchrun every rank must draw the same noise: give random_state"
+                "under torchrun every rank must draw the same noise: give random_state "
+                "(and no secure_mode, whose noise cannot be drawn alike on every rank)"
             )
         own = PrivacyLedger()  # this fit's releases alone, checked against the calibration
         device = resolve_device(self.device)
-        fit = PrivateFit(
-            num_classes, sigma, own, make_generator(self.random_state, device), workers
+        generator: NoiseGenerator = (
+            SecureRandom() if self.secure_mode else make_generator(self.random_state, device)
         )
+        fit = PrivateFit(num_classes, sigma, own, generator, workers)
         # Statistics, noise and solves on ``device``: tensors made without a device land there.
         with torch.device(device):
             coef, intercept = self._fit_private(X, y, fit)

@@ -37,6 +37,7 @@ class DPFeatureCovariance(DPLinearClassifier):
     Args:
       target_epsilon, target_delta, noise_multiplier, accountant, random_state, num_classes:
         as in :class:`~dpvision.learners.DPLeastSquares`.
+      secure_mode: as in :class:`~dpvision.learners.DPLeastSquares`.
       device: as in :class:`~dpvision.learners.DPLeastSquares`.
       covariance_clip_norm: C_G, the L2 bound on feature vectors for the covariance.
       clip_norm: C_g, the L2 bound on each example's gradient (all classes together).
@@ -67,6 +68,7 @@ class DPFeatureCovariance(DPLinearClassifier):
         bias: float = -10.0,
         accountant: str | None = None,
         random_state: int | None = None,
+        secure_mode: bool = False,
         num_classes: int | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         device: str = "cpu",
@@ -82,6 +84,7 @@ class DPFeatureCovariance(DPLinearClassifier):
         self.bias = bias
         self.accountant = accountant
         self.random_state = random_state
+        self.secure_mode = secure_mode
         self.num_classes = num_classes
         self.chunk_size = chunk_size
         self.device = device

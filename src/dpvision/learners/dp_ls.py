@@ -30,6 +30,7 @@ from dpvision.mechanisms import (
     release_gaussian,
     report_released,
 )
+from dpvision.mechanisms.secure import noise_source
 
 
 class DPLeastSquares(DPLinearClassifier):
@@ -46,6 +47,9 @@ class DPLeastSquares(DPLinearClassifier):
         λ = max(1e-6·n, 2σ√d)·C², a multiple of the spectral norm of the symmetrised noise.
       accountant: which accountant measures ε (``None``: the tightest valid one).
       random_state: seeds the noise (``None``: fresh OS entropy).
+      secure_mode: draw the noise from the operating system's CSPRNG instead
+        (:mod:`dpvision.mechanisms.secure`; slower, not reproducible; ignores
+        ``random_state``); the ledger marks each release ``noise_source = "secure"``.
       num_classes: m, required (public: never read off the private labels).
       chunk_size: rows per chunk when accumulating statistics.
       device: where the statistics, the noise and the solves are computed (``cpu``,
@@ -76,6 +80,7 @@ class DPLeastSquares(DPLinearClassifier):
         ridge: float | str = "auto",
         accountant: str | None = None,
         random_state: int | None = None,
+        secure_mode: bool = False,
         num_classes: int | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         device: str = "cpu",
@@ -89,6 +94,7 @@ class DPLeastSquares(DPLinearClassifier):
         self.ridge = ridge
         self.accountant = accountant
         self.random_state = random_state
+        self.secure_mode = secure_mode
         self.num_classes = num_classes
         self.chunk_size = chunk_size
         self.device = device
@@ -171,6 +177,11 @@ class DPLeastSquares(DPLinearClassifier):
         if sigma is None:
             ledger.record_non_private(released="DP-LS A_j (noise off)")
         else:
-            ledger.record(noise_multiplier=sigma, l2_sensitivity=c * c, released="DP-LS A_j")
+            ledger.record(
+                noise_multiplier=sigma,
+                l2_sensitivity=c * c,
+                released="DP-LS A_j",
+                noise_source=noise_source(generator),
+            )
         workers.all_reduce_([coef])
         return coef, torch.zeros(num_classes, dtype=torch.float64)

@@ -27,6 +27,7 @@ class DPNewton(DPLinearClassifier):
     Args:
       target_epsilon, target_delta, noise_multiplier, accountant, random_state, num_classes:
         as in :class:`~dpvision.learners.DPLeastSquares`.
+      secure_mode: as in :class:`~dpvision.learners.DPLeastSquares`.
       device: as in :class:`~dpvision.learners.DPLeastSquares`.
       clip_norm: C, the L2 bound on each feature vector.
       iterations: T, the number of Newton steps.
@@ -53,6 +54,7 @@ class DPNewton(DPLinearClassifier):
         ridge: float | str = "auto",
         accountant: str | None = None,
         random_state: int | None = None,
+        secure_mode: bool = False,
         num_classes: int | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         device: str = "cpu",
@@ -66,6 +68,7 @@ class DPNewton(DPLinearClassifier):
         self.ridge = ridge
         self.accountant = accountant
         self.random_state = random_state
+        self.secure_mode = secure_mode
         self.num_classes = num_classes
         self.chunk_size = chunk_size
         self.device = device

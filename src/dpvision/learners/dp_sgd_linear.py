@@ -8,6 +8,7 @@ materialised.
 """
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -16,7 +17,7 @@ from dpvision.averaging import ema_decay as ema_schedule
 from dpvision.errors import DPVisionError
 from dpvision.learners.base import DPLinearClassifier, PrivateFit
 from dpvision.learners.statistics import DEFAULT_CHUNK_SIZE, on_device, read_rows
-from dpvision.mechanisms import clipping, release_gaussian
+from dpvision.mechanisms import SecureRandom, clipping, release_gaussian
 
 LOSSES = ("softmax", "sigmoid")
 OPTIMIZERS = ("sgd", "momentum", "adam")
@@ -95,6 +96,7 @@ class DPSGDLinear(DPLinearClassifier):
     Args:
       target_epsilon, target_delta, noise_multiplier, accountant, random_state, num_classes:
         as in :class:`~dpvision.learners.DPLeastSquares`.
+      secure_mode: as in :class:`~dpvision.learners.DPLeastSquares`.
       device: as in :class:`~dpvision.learners.DPLeastSquares`.
       clip_norm: C, the L2 bound on each example's gradient (weights and bias together).
       batch_size: expected Poisson batch size B (sample rate q = B/n); ``None`` = full batch.
@@ -138,6 +140,7 @@ class DPSGDLinear(DPLinearClassifier):
         fit_intercept: bool = True,
         accountant: str | None = None,
         random_state: int | None = None,
+        secure_mode: bool = False,
         num_classes: int | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         device: str = "cpu",
@@ -161,6 +164,7 @@ class DPSGDLinear(DPLinearClassifier):
         self.fit_intercept = fit_intercept
         self.accountant = accountant
         self.random_state = random_state
+        self.secure_mode = secure_mode
         self.num_classes = num_classes
         self.chunk_size = chunk_size
         self.device = device
@@ -219,12 +223,17 @@ class DPSGDLinear(DPLinearClassifier):
         state: dict[str, torch.Tensor] = {}
         # The EMA starts from the initial parameters, as ParameterEMA's does.
         average = (weight.clone(), bias.clone()) if self.ema_decay > 0 else None
-        sampler = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator)))
+        uniforms: Callable[[int], np.ndarray]
+        if isinstance(generator, SecureRandom):  # the batches, too, from the CSPRNG
+            uniforms = generator.uniform
+        else:
+            seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+            uniforms = np.random.default_rng(seed).random
         sq_norms = row_sq_norms(features, self.chunk_size)
         all_rows = np.arange(n)
         for step in range(steps):
             # Poisson sampling: every example joins independently with probability q.
-            batch = np.flatnonzero(sampler.random(n) < q) if q < 1 else all_rows
+            batch = np.flatnonzero(uniforms(n) < q) if q < 1 else all_rows
             batch = workers.split(batch)  # this rank's share; the sums are all-reduced below
             grad_w = torch.zeros_like(weight)
             grad_b = torch.zeros_like(bias)

@@ -18,10 +18,12 @@ from dpvision.mechanisms.noise import (
     watching_released,
 )
 from dpvision.mechanisms.sampling import PoissonSampler
+from dpvision.mechanisms.secure import SecureRandom
 
 __all__ = [
     "PoissonSampler",
     "Release",
+    "SecureRandom",
     "add_gaussian_noise",
     "add_symmetric_gaussian_noise_",
     "clip_factors",

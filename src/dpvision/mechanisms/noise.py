@@ -26,6 +26,11 @@ import torch
 from dpvision.accounting import PrivacyLedger
 from dpvision.accounting._checks import check_noise_multiplier, check_sample_rate
 from dpvision.errors import DPVisionError
+from dpvision.mechanisms.secure import SecureRandom, noise_source
+
+NoiseGenerator = torch.Generator | SecureRandom | None
+"""Where noise comes from: a seeded torch generator, the secure mode's CSPRNG, or (None)
+torch's global generator."""
 
 
 @dataclass(frozen=True)
@@ -133,10 +138,14 @@ def gaussian_noise(
     noise_multiplier: float,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
-    generator: torch.Generator | None = None,
+    generator: NoiseGenerator = None,
 ) -> torch.Tensor:
-    """Draws N(0, (σΔ)²) noise of the given shape: σ = ``noise_multiplier``, Δ = sensitivity."""
+    """Draws N(0, (σΔ)²) noise of the given shape: σ = ``noise_multiplier``, Δ = sensitivity
+    (from the CSPRNG when ``generator`` is a :class:`~dpvision.mechanisms.secure.SecureRandom`)."""
     std = _noise_std(l2_sensitivity, noise_multiplier)
+    if isinstance(generator, SecureRandom):
+        noise = torch.empty(shape, dtype=torch.float64)
+        return fill_standard_normal(noise, generator).mul_(std).to(dtype=dtype, device=device)
     noise = torch.randn(shape, dtype=dtype, device=device, generator=generator)
     return noise.mul_(std)
 
@@ -145,8 +154,11 @@ def gaussian_noise(
 STREAM_SIZE = 2**20
 
 
-def fill_standard_normal(out: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+def fill_standard_normal(out: torch.Tensor, generator: NoiseGenerator) -> torch.Tensor:
     """Fills ``out`` with independent N(0, 1) draws and returns it.
+
+    A :class:`~dpvision.mechanisms.secure.SecureRandom` generator fills it from the
+    operating system's CSPRNG (the secure mode).
 
     A large contiguous float64 CPU tensor (DP-LS draws m·d(d+1)/2 numbers, 295 million
     for 1000 classes of 768 features) is cut into parts of :data:`STREAM_SIZE` numbers, each
@@ -156,6 +168,9 @@ def fill_standard_normal(out: torch.Tensor, generator: torch.Generator | None) -
     threads. Any other tensor is filled by ``torch.randn``.
     """
     count = out.numel()
+    if isinstance(generator, SecureRandom):
+        draws = torch.from_numpy(generator.standard_normal(count)).reshape(out.shape)
+        return out.copy_(draws)
     large = out.dtype == torch.float64 and count >= 2 * STREAM_SIZE
     if not (large and out.device.type == "cpu" and out.is_contiguous()):
         return torch.randn(out.shape, generator=generator, out=out, dtype=out.dtype)
@@ -178,7 +193,7 @@ def add_symmetric_gaussian_noise_(
     *,
     l2_sensitivity: float,
     noise_multiplier: float,
-    generator: torch.Generator | None = None,
+    generator: NoiseGenerator = None,
     scratch: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Adds symmetric Gaussian noise to the lower triangle of each of ``matrices`` (b, d, d),
@@ -224,7 +239,7 @@ def add_gaussian_noise(
     *,
     l2_sensitivity: float,
     noise_multiplier: float,
-    generator: torch.Generator | None = None,
+    generator: NoiseGenerator = None,
 ) -> torch.Tensor:
     """Returns ``value`` + N(0, (σΔ)² I), leaving ``value`` itself unchanged.
 
@@ -255,7 +270,7 @@ def release_gaussian(
     ledger: PrivacyLedger,
     released: str,
     sample_rate: float = 1.0,
-    generator: torch.Generator | None = None,
+    generator: NoiseGenerator = None,
 ) -> torch.Tensor:
     """Adds Gaussian noise to ``value`` and records the release in ``ledger``.
 
@@ -285,6 +300,7 @@ def release_gaussian(
         sample_rate=sample_rate,
         l2_sensitivity=l2_sensitivity,
         released=released,
+        noise_source=noise_source(generator),
     )
     report_released(noisy, l2_sensitivity=l2_sensitivity, released=released)
     return noisy

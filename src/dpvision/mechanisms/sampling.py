@@ -13,6 +13,7 @@ import numpy as np
 
 from dpvision.accounting._checks import check_sample_rate, check_steps
 from dpvision.errors import DPVisionError
+from dpvision.mechanisms.secure import SecureRandom
 
 
 class PoissonSampler:
@@ -27,14 +28,25 @@ class PoissonSampler:
       [3, 5, 3]
     """
 
-    def __init__(self, *, num_examples: int, sample_rate: float, steps: int, seed: int) -> None:
+    def __init__(
+        self,
+        *,
+        num_examples: int,
+        sample_rate: float,
+        steps: int,
+        seed: int | None = None,
+        secure: bool = False,
+    ) -> None:
         if int(num_examples) != num_examples or num_examples < 1:
             raise DPVisionError(f"num_examples must be a whole number >= 1, got {num_examples}")
         self.num_examples = int(num_examples)
         self.sample_rate = check_sample_rate(sample_rate)
         self.steps = check_steps(steps)
         self.step = 0
+        self.secure = bool(secure)
+        # Secure mode: the uniforms come from the OS CSPRNG (no seed, nothing to replay).
         self._rng = np.random.default_rng(seed)
+        self._secure = SecureRandom() if secure else None
 
     @property
     def expected_batch_size(self) -> float:
@@ -53,11 +65,25 @@ class PoissonSampler:
         """One batch: the sorted indices i with Uᵢ < q, for fresh uniforms Uᵢ."""
         if self.sample_rate == 1.0:
             return np.arange(self.num_examples)
-        return np.flatnonzero(self._rng.random(self.num_examples) < self.sample_rate)
+        if self._secure is not None:
+            uniforms = self._secure.uniform(self.num_examples)
+        else:
+            uniforms = self._rng.random(self.num_examples)
+        return np.flatnonzero(uniforms < self.sample_rate)
 
     def state_dict(self) -> dict[str, Any]:
+        """The step, and the generator's state (none in secure mode: nothing to replay)."""
+        if self.secure:
+            return {"step": self.step, "secure": True}
         return {"step": self.step, "rng": self._rng.bit_generator.state}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restores the step (and the generator, when not secure: the same batches follow)."""
+        if bool(state.get("secure", False)) != self.secure:
+            raise DPVisionError(
+                "the checkpoint was written with another noise mode (secure_mode): resume "
+                "with the same one"
+            )
         self.step = int(state["step"])
-        self._rng.bit_generator.state = state["rng"]
+        if not self.secure:
+            self._rng.bit_generator.state = state["rng"]

@@ -11,7 +11,8 @@ from torch.utils.data import DataLoader, default_collate
 from dpvision.accounting import PrivacyLedger, calibrate_noise_multiplier, parse_accountant
 from dpvision.accounting.accountants import Accountant
 from dpvision.errors import DPVisionError
-from dpvision.mechanisms import PoissonSampler
+from dpvision.mechanisms import PoissonSampler, SecureRandom
+from dpvision.mechanisms.noise import NoiseGenerator
 from dpvision.models import validate_model
 from dpvision.per_example.bookkeeping import unsupported_layers
 from dpvision.per_example.tape import ActivationTape
@@ -36,8 +37,10 @@ class PrivacyEngine:
       accountant: the accountant that calibrates σ and reports ε: ``pld`` (default),
         ``rdp`` or ``classic-rdp``; Opacus' ``prv`` (numerical, like PLD) is taken as
         ``pld``, its ``gdp`` (an asymptotic approximation, not a bound) is refused.
-      secure_mode: Opacus' switch to a cryptographically secure noise generator; only
-        False is offered (pass your own ``noise_generator`` to ``make_private``).
+      secure_mode: as Opacus' switch: the noise and the Poisson sampling draw from the
+        operating system's CSPRNG (:mod:`dpvision.mechanisms.secure`; slower, not
+        reproducible, no ``noise_generator`` or ``seed`` for them), and the ledger marks
+        every step ``noise_source = "secure"``.
 
     Attributes:
       ledger: every noisy release made through this engine, the only input to ε.
@@ -46,11 +49,7 @@ class PrivacyEngine:
     """
 
     def __init__(self, accountant: str = "pld", secure_mode: bool = False) -> None:
-        if secure_mode:
-            raise DPVisionError(
-                "secure_mode=True is not offered: pass make_private a noise_generator of your "
-                "choice (dpvision draws all noise from it)"
-            )
+        self.secure_mode = bool(secure_mode)
         if accountant == "gdp":
             raise DPVisionError(
                 "the gdp accountant (a central-limit approximation) is not offered: its ε is "
@@ -186,9 +185,19 @@ class PrivacyEngine:
             int(s.generate_state(1, np.uint64)[0] >> np.uint64(1))
             for s in np.random.SeedSequence(seed).spawn(3)
         )
-        if noise_generator is None:
+        generator: NoiseGenerator
+        if self.secure_mode:
+            if noise_generator is not None:
+                raise DPVisionError(
+                    "secure_mode draws the noise from the operating system's CSPRNG: do not "
+                    "pass a noise_generator"
+                )
+            generator = SecureRandom()
+        elif noise_generator is None:
             device = next(p.device for p in module.parameters() if p.requires_grad)
-            noise_generator = torch.Generator(device=device).manual_seed(noise_seed)
+            generator = torch.Generator(device=device).manual_seed(noise_seed)
+        else:
+            generator = noise_generator
         views = max(augmult, 1)
         tape = ActivationTape(module, mode="hooks")
         tape.attach()
@@ -201,14 +210,18 @@ class PrivacyEngine:
             sample_rate=sample_rate,
             num_examples=num_examples,
             ledger=self.ledger,
-            generator=noise_generator,
+            generator=generator,
             views=views,
             loss_reduction=loss_reduction,
             normalize_update=normalize_update,
             ema_decay=ema_decay,
         )
         sampler = PoissonSampler(
-            num_examples=num_examples, sample_rate=sample_rate, steps=1, seed=sampling_seed
+            num_examples=num_examples,
+            sample_rate=sample_rate,
+            steps=1,
+            seed=sampling_seed,
+            secure=self.secure_mode,
         )
         poisson_loader = DataLoader(
             data_loader.dataset,

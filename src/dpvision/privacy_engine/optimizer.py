@@ -10,6 +10,7 @@ from torch import nn
 
 from dpvision.accounting import PrivacyLedger
 from dpvision.errors import DPVisionError
+from dpvision.mechanisms.noise import NoiseGenerator
 from dpvision.per_example.bookkeeping import clip_terms, trainable_params, unclipped_mismatch
 from dpvision.per_example.layers import layer_terms
 from dpvision.per_example.reference import ClippedGradientSum
@@ -59,7 +60,7 @@ class DPOptimizer(torch.optim.Optimizer):
         sample_rate: float,
         num_examples: int,
         ledger: PrivacyLedger,
-        generator: torch.Generator | None = None,
+        generator: NoiseGenerator = None,
         views: int = 1,
         loss_reduction: str = "mean",
         normalize_update: bool = False,

@@ -39,7 +39,7 @@ from dpvision.features import feature_shape, load_or_extract, parse_feature_spec
 from dpvision.features.backbone import encoder_digest
 from dpvision.features.preprocessing import FittedPreprocessing, preprocess
 from dpvision.log import progress, say
-from dpvision.mechanisms import PoissonSampler
+from dpvision.mechanisms import PoissonSampler, SecureRandom
 from dpvision.models.encoder import load_into
 from dpvision.models.finetune import apply_finetune
 from dpvision.models.registry import build_network, is_external, prepare_for_dp
@@ -147,6 +147,12 @@ class _Run:
         """Loads the data, calibrates σ, builds the model and the state, and resumes from
         ``checkpoint`` when it exists."""
         workers = current()
+        if config.dpsgd.secure_mode and (checkpoint is not None or workers.distributed):
+            raise DPVisionError(
+                "learner.secure_mode draws from the operating system's CSPRNG, which has no "
+                "state to checkpoint, replay or share between processes: run it without "
+                "--checkpoint and without torchrun"
+            )
         quiet = quiet or not workers.is_main
         settings = run_settings(config)
         workers.check_agree(fingerprint(settings), "the configuration")
@@ -187,8 +193,10 @@ class _Run:
                 sample_rate=sample_rate,
                 steps=steps,
                 seed=seeds["sampler"],
+                secure=options.secure_mode,
             ),
-            noise=place.generator(seeds["noise"]),  # on the device, checkpointed
+            # On the device and checkpointed; or the CSPRNG of the secure mode.
+            noise=SecureRandom() if options.secure_mode else place.generator(seeds["noise"]),
             augment=torch.Generator().manual_seed(seeds["augment"]),
             ledger=data.ledger,
         )
@@ -552,6 +560,7 @@ def load_inputs(
         ledger,
         seed,
         noise_off=config.noise_off,
+        secure=config.secure_mode,
     )
     train_x = torch.from_numpy(np.array(train, dtype=np.float32)).view(-1, *shape)
     test_x = torch.from_numpy(np.array(test, dtype=np.float32)).view(-1, *shape)

@@ -191,6 +191,7 @@ def fit_learner(
         ledger,
         preprocessing_seed,
         noise_off=config.noise_off,
+        secure=config.secure_mode,
     )
     target = config.epsilon
     learner = LEARNERS[config.method](

@@ -26,6 +26,7 @@ import dataclasses
 import itertools
 import json
 import math
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,6 +41,7 @@ from dpvision.config import TrainConfig, override, parse_override, resolve, vali
 from dpvision.errors import DPVisionError
 from dpvision.learners import LEARNERS
 from dpvision.log import say
+from dpvision.mechanisms import SecureRandom
 from dpvision.runs.recipe import apply_recipe, data_facts
 from dpvision.runs.saved import TrainedModel, privacy_of
 from dpvision.runs.train import fit
@@ -345,7 +347,9 @@ def run_tune(
             f"the selection would spend ε = {epsilon:.6g}, more than its target "
             f"{base.epsilon:g}: this is a bug in dpvision, please report it"
         )
-    coins = np.random.default_rng([base.seed, _STREAM])
+    # K and the candidates drawn: seeded coins, or (secure mode) coins no one can predict.
+    secret = int.from_bytes(os.urandom(32), "little") if base.secure_mode else None
+    coins = np.random.default_rng([base.seed, _STREAM] if secret is None else secret)
     runs = repetitions.sample(coins)
     drawn = [int(coins.integers(len(candidates))) for _ in range(runs)]
     say(
@@ -370,8 +374,9 @@ def run_tune(
         result, model = fit(validate(config), quiet=True)
         _check_ran_as_planned(result, candidate, sigma)
         correct = round(result["validation_accuracy"] * result["n_validation"])
+        noise = SecureRandom() if secret is not None else None
         score = release_score(
-            correct, score_noise, np.random.default_rng([base.seed, _STREAM, number])
+            correct, score_noise, noise or np.random.default_rng([base.seed, _STREAM, number])
         )
         if best is None or score > best[0]:
             best = (score, index, result, model)
@@ -459,16 +464,22 @@ def tune(
     return result, model
 
 
-def release_score(correct: int, score_noise: float, rng: np.random.Generator) -> float:
+def release_score(
+    correct: int, score_noise: float, rng: np.random.Generator | SecureRandom
+) -> float:
     """The released score of one run: the number of correct validation examples plus
-    N(0, σ_v²).
+    N(0, σ_v²) (from the CSPRNG when ``rng`` is a :class:`SecureRandom`).
 
     Privacy: adding or removing one validation example changes the count by at most 1
     (L2 sensitivity 1) for a given model; ``score_noise`` is σ_v itself (0 only in tests).
     """
     if not (math.isfinite(score_noise) and score_noise >= 0):
         raise DPVisionError(f"the score noise must be >= 0, got {score_noise}")
-    return float(correct) + float(rng.normal(0.0, score_noise)) if score_noise else float(correct)
+    if not score_noise:
+        return float(correct)
+    if isinstance(rng, SecureRandom):
+        return float(correct) + score_noise * float(rng.standard_normal(1)[0])
+    return float(correct) + float(rng.normal(0.0, score_noise))
 
 
 def _exact_validation(key: str) -> bool:

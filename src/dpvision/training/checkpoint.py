@@ -27,6 +27,7 @@ from dpvision.distributed import Workers
 from dpvision.errors import DPVisionError
 from dpvision.fileio import atomic_open, differing_keys, load_torch
 from dpvision.mechanisms import PoissonSampler
+from dpvision.mechanisms.noise import NoiseGenerator
 from dpvision.training.engine import ParameterEMA
 
 CHECKPOINT_FORMAT = "dpvision-dpsgd-checkpoint-v1"
@@ -43,7 +44,7 @@ class TrainingState:
     optimizer: torch.optim.Optimizer
     ema: ParameterEMA | None
     sampler: PoissonSampler
-    noise: torch.Generator
+    noise: NoiseGenerator  # a torch generator (a secure run has no checkpoint)
     augment: torch.Generator
     ledger: PrivacyLedger
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)

@@ -23,6 +23,8 @@ from dpvision.averaging import ema_decay
 from dpvision.distributed import Workers
 from dpvision.errors import DPVisionError
 from dpvision.mechanisms import gaussian_noise, observe_release, report_released
+from dpvision.mechanisms.noise import NoiseGenerator
+from dpvision.mechanisms.secure import noise_source
 from dpvision.per_example import CLIPPING_METHODS, ClippedGradientSum, clip_and_sum
 
 RELEASED = "DP-SGD clipped gradient sum"
@@ -63,7 +65,7 @@ def privatize_gradients(
     l2_sensitivity: float,
     release: GradientRelease,
     ledger: PrivacyLedger,
-    generator: torch.Generator | None,
+    generator: NoiseGenerator,
 ) -> None:
     """Adds the noise of one logical step to clipped sums and sets each parameter's ``.grad``.
 
@@ -104,6 +106,7 @@ def privatize_gradients(
             sample_rate=release.sample_rate,
             l2_sensitivity=l2_sensitivity,
             released=release.released,
+            noise_source=noise_source(generator),
         )
     else:
         ledger.record_non_private(released=f"{release.released} without noise")
@@ -158,7 +161,7 @@ def noisy_step(
     release: GradientRelease,
     optimizer: torch.optim.Optimizer,
     ledger: PrivacyLedger,
-    generator: torch.Generator | None,
+    generator: NoiseGenerator,
     ema: ParameterEMA | None = None,
     workers: Workers | None = None,
     keep_grad: bool = False,
@@ -240,7 +243,7 @@ class DPSGDStep:
         sample_rate: float,
         num_examples: int,
         ledger: PrivacyLedger,
-        generator: torch.Generator,
+        generator: NoiseGenerator,
         views: bool = False,
         clipping: str = "auto",
         normalize_update: bool = False,

@@ -91,6 +91,9 @@ class DPSGDOptions:
       nesterov: Nesterov momentum for ``sgd``.
       max_grad_norm: C, the per-example clipping norm.
       normalize_update: divide the noisy sum by C too (jax_privacy ``rescale_to_unit_norm``).
+      secure_mode: draw the noise and the Poisson batches from the operating system's
+        CSPRNG (:mod:`dpvision.mechanisms.secure`; Opacus' ``secure_mode``): slower, not
+        reproducible, no checkpoints; the ledger marks each step ``noise_source = "secure"``.
       augmult: K augmented views per example (0: no augmentation).
       crop_padding, flip, padding_mode: the views' random crop and flip.
       ema_decay: μ of the parameter EMA (0: off); reported accuracy is then the EMA's.
@@ -124,6 +127,7 @@ class DPSGDOptions:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     normalize_update: bool = False
+    secure_mode: bool = False
     augmult: int = 0
     crop_padding: int = 4
     flip: bool = True

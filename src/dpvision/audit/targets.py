@@ -47,7 +47,8 @@ from dpvision.errors import DPVisionError
 from dpvision.features import extract_features, feature_shape, parse_feature_spec
 from dpvision.mechanisms import PoissonSampler, clipping
 from dpvision.models.registry import build_model
-from dpvision.per_example import ClippedGradientSum, functional_clipped_sum
+from dpvision.per_example import ClippedGradientSum, functional_clipped_sum, per_layer
+from dpvision.per_example.groups import GroupNorms, group_of
 from dpvision.runs import features as feature_runs
 from dpvision.runs.dpsgd import noise_multiplier_for, run_seeds
 from dpvision.runs.recipe import apply_recipe
@@ -260,14 +261,22 @@ class GradientCanaries:
     def __post_init__(self) -> None:
         self._draws = np.random.default_rng(self.seed)
 
-    def add_to(self, sums: dict[str, torch.Tensor], sample_rate: float, clip: float) -> None:
+    def add_to(
+        self,
+        sums: dict[str, torch.Tensor],
+        sample_rate: float,
+        clip: float,
+        groups: GroupNorms | None = None,
+    ) -> None:
         """Adds the clipped gradients of the canaries drawn into this step's batch to the
-        (one run's) clipped sums ``sums`` (name → (1, ...)), in place."""
+        (one run's) clipped sums ``sums`` (name → (1, ...)), in place; with ``groups`` a
+        canary is clipped to the C_g of its parameter's layer."""
         drawn = self.included & (self._draws.random(len(self.included)) < sample_rate)
-        norm = torch.tensor([self.scale * clip], dtype=torch.float64)
-        size = float(clipping.clip_factors(norm, clip)[0]) * self.scale * clip
         offset = 0
-        for value in sums.values():
+        for name, value in sums.items():
+            bound = clip if groups is None else groups.norm(group_of(name))
+            norm = torch.tensor([self.scale * bound], dtype=torch.float64)
+            size = float(clipping.clip_factors(norm, bound)[0]) * self.scale * bound
             flat = value.view(-1)
             mine = self.coordinates[drawn]
             mine = mine[(mine >= offset) & (mine < offset + flat.numel())] - offset
@@ -321,6 +330,8 @@ class DPSGDTarget(AuditTarget):
             options.model, tuple(self.inputs.shape[1:]), data.num_classes, groups=options.groups
         ).to(device)
         self.init = {k: v.detach().clone() for k, v in self.model.named_parameters()}
+        per_layer_clipping = options.clipping_mode == "per-layer"
+        self.groups = per_layer(self.model, options.max_grad_norm) if per_layer_clipping else None
         self.buffers = {k: v.detach() for k, v in self.model.named_buffers()}
         parameters = sum(v.numel() for v in self.init.values())
         views = max(options.augmult, 1)
@@ -424,6 +435,7 @@ class DPSGDTarget(AuditTarget):
                 targets,
                 keep,
                 max_grad_norm=options.max_grad_norm,
+                groups=self.groups,
             )
             return grads
 
@@ -446,7 +458,7 @@ class DPSGDTarget(AuditTarget):
             params = {k: v.detach() for k, v in stack.stacked().items()}
             sums = vmap(clipped, in_dims=(0, batch_dim, 0))(params, batch, keep.view(runs, n))
             if gradient_canaries is not None:
-                gradient_canaries.add_to(sums, self.sample_rate, options.max_grad_norm)
+                gradient_canaries.add_to(sums, self.sample_rate, options.max_grad_norm, self.groups)
             # Each run's clipped sum has sensitivity C; the noise is drawn for every run.
             total = ClippedGradientSum.zeros(stack.stacked(), l2_sensitivity=options.max_grad_norm)
             total.grads = sums

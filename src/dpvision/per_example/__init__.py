@@ -7,9 +7,10 @@
   materialised.
 * :mod:`dpvision.per_example.layers` — the per-layer rules book-keeping uses.
 * :mod:`dpvision.per_example.batch_layout` — probes that each layer sees one row per example.
+* :mod:`dpvision.per_example.groups` — group-wise (per-layer) clip norms C_g.
 
 :func:`clip_and_sum` chooses among them (``clipping = auto | bookkeeping | vmap``); all give
-the same clipped sum, of L2 sensitivity C.
+the same clipped sum, of L2 sensitivity C (√(Σ C_g²) when clipped per layer).
 """
 
 from dpvision.per_example.bookkeeping import (
@@ -18,6 +19,7 @@ from dpvision.per_example.bookkeeping import (
     clip_and_sum,
     supports_bookkeeping,
 )
+from dpvision.per_example.groups import GroupNorms, per_layer
 from dpvision.per_example.reference import (
     ClippedGradientSum,
     clipped_gradient_sum,
@@ -30,9 +32,11 @@ __all__ = [
     "CLIPPING_METHODS",
     "ClippedGradientSum",
     "ClippingMethod",
+    "GroupNorms",
     "bookkeeping_clipped_gradient_sum",
     "clip_and_sum",
     "clipped_gradient_sum",
     "functional_clipped_sum",
+    "per_layer",
     "supports_bookkeeping",
 ]

@@ -43,6 +43,7 @@ from torch import nn
 from dpvision.errors import DPVisionError
 from dpvision.mechanisms import clipping
 from dpvision.per_example import batch_layout
+from dpvision.per_example.groups import GroupNorms, group_of
 from dpvision.per_example.layers import (
     LayerTerms,
     Strategy,
@@ -93,6 +94,7 @@ def clip_terms(
     max_grad_norm: float,
     mask: torch.Tensor | None = None,
     grad_scale: float = 1.0,
+    groups: GroupNorms | None = None,
 ) -> ClippedGradientSum:
     """Clips with the per-example norms over all layers' terms and sums per parameter.
 
@@ -104,11 +106,15 @@ def clip_terms(
       mask: optional (B,) booleans; false rows contribute nothing.
       grad_scale: the per-example gradients are ``grad_scale`` times what the terms saw
         (e.g. the batch size, when the output gradients came from a mean-reduced loss).
+      groups: group-wise clipping: each layer's terms get that layer's own factor
+        min(1, C_g/‖g_{i,g}‖) (``max_grad_norm`` unused); a layer whose terms span several
+        groups raises :class:`~dpvision.per_example.tape.UnsupportedError`.
 
     Privacy:
       Releases nothing. The result has L2 sensitivity C under add/remove-one: cᵢ = min(1,
-      C/‖gᵢ‖) with the norm over all trainable parameters together; examples whose norm is
-      not finite, and masked examples, get cᵢ = 0 and their rows are zeroed.
+      C/‖gᵢ‖) with the norm over all trainable parameters together (with ``groups``:
+      √(Σ C_g²)); examples whose norm is not finite, and masked examples, get cᵢ = 0 and
+      their rows are zeroed.
     """
     like = next(iter(params.values()), None)
     sq = torch.zeros(batch) if like is None else like.new_zeros(batch)
@@ -119,18 +125,33 @@ def clip_terms(
     keep = finite
     if mask is not None:
         keep = keep & mask.to(device=keep.device, dtype=torch.bool)
-    scale = clipping.clip_factors(norms, max_grad_norm, keep)
+    if groups is None:
+        flat = clipping.clip_factors(norms, max_grad_norm, keep)
+        scales = [flat for _ in terms]
+    else:
+        sq_by_group: dict[str, torch.Tensor] = {}
+        for path, layer in terms:
+            part = layer.sq_norms.to(sq.dtype) * grad_scale**2
+            sq_by_group[path] = sq_by_group[path] + part if path in sq_by_group else part
+        factors = groups.factors(sq_by_group, keep & finite)
+        scales = [factors[path] for path, _ in terms]
     drop = None if bool(keep.all()) else ~keep
     grads: dict[str, torch.Tensor] = {}
-    for path, layer in terms:
+    for (path, layer), scale in zip(terms, scales, strict=True):
         for local, value in layer.clipped_sum(scale * grad_scale, drop).items():
-            grads[f"{path}.{local}" if path else local] = value
+            name = f"{path}.{local}" if path else local
+            if groups is not None and group_of(name) != path:
+                raise UnsupportedError(
+                    f"per-layer clipping of {name}: its layer's rule covers parameters of "
+                    "several layers"
+                )
+            grads[name] = value
     for name, param in params.items():
         if name not in grads:
             grads[name] = torch.zeros_like(param)
     return ClippedGradientSum(
         grads={name: grads[name] for name in params},
-        l2_sensitivity=float(max_grad_norm),
+        l2_sensitivity=float(max_grad_norm) if groups is None else groups.l2_sensitivity,
         count=int(keep.sum()),
         nonfinite=int((~finite).sum()),
         norms=norms.detach(),
@@ -153,6 +174,7 @@ def _bookkeeping_sum(
     mask: torch.Tensor | None,
     strategy: Strategy = "auto",
     precision: torch.dtype | None = None,
+    groups: GroupNorms | None = None,
 ) -> ClippedGradientSum:
     params = trainable_params(model)
     batch = inputs.shape[0]
@@ -160,7 +182,7 @@ def _bookkeeping_sum(
     if batch == 0 or k == 0:
         return ClippedGradientSum(
             grads={name: torch.zeros_like(p) for name, p in params.items()},
-            l2_sensitivity=float(max_grad_norm),
+            l2_sensitivity=float(max_grad_norm) if groups is None else groups.l2_sensitivity,
             count=0,
             nonfinite=0,
             norms=torch.zeros(0, dtype=inputs.dtype if inputs.is_floating_point() else None),
@@ -205,7 +227,7 @@ def _bookkeeping_sum(
         if reason is not None:
             _VERDICTS[model][verify] = reason
             raise UnsupportedError(reason)
-    return clip_terms(terms, params, batch, max_grad_norm=max_grad_norm, mask=mask)
+    return clip_terms(terms, params, batch, max_grad_norm=max_grad_norm, mask=mask, groups=groups)
 
 
 # Per model: for each call signature, None once book-keeping was verified, else the reason
@@ -293,6 +315,7 @@ def clip_and_sum(
     mask: torch.Tensor | None = None,
     method: ClippingMethod | str = ClippingMethod.AUTO,
     precision: torch.dtype | None = None,
+    groups: GroupNorms | None = None,
 ) -> ClippedGradientSum:
     """Σᵢ clip(gᵢ, C) by book-keeping or by the vmap reference; both give the same result.
 
@@ -315,6 +338,8 @@ def clip_and_sum(
         per-example norms and the clipped sum, so each example's contribution is clipped
         with the norm of that very contribution, and the vmap reference differentiates
         the float32 parameters. The loss is computed in float32.
+      groups: group-wise clipping (:mod:`dpvision.per_example.groups`): each example's
+        gradient restricted to layer g is clipped to C_g; sensitivity √(Σ C_g²).
 
     Returns:
       The clipped sum, its sensitivity C, the counts, and the per-example norms.
@@ -335,7 +360,13 @@ def clip_and_sum(
             f"unknown clipping method {method!r}; choose one of {choices}"
         ) from None
     batch = (model, loss_fn, inputs, targets)
-    how = {"max_grad_norm": max_grad_norm, "views": views, "mask": mask, "precision": precision}
+    how = {
+        "max_grad_norm": max_grad_norm,
+        "views": views,
+        "mask": mask,
+        "precision": precision,
+        "groups": groups,
+    }
     if chosen is not ClippingMethod.VMAP:
         problems = unsupported_layers(model)
         try:

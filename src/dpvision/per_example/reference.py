@@ -20,6 +20,7 @@ from torch.func import functional_call, grad, vmap
 
 from dpvision.errors import DPVisionError
 from dpvision.mechanisms import clipping
+from dpvision.per_example.groups import GroupNorms, group_of
 
 
 @dataclass
@@ -85,6 +86,7 @@ def clipped_gradient_sum(
     views: bool = False,
     mask: torch.Tensor | None = None,
     precision: torch.dtype | None = None,
+    groups: GroupNorms | None = None,
 ) -> ClippedGradientSum:
     """Clips each example's gradient to ``max_grad_norm`` and sums them.
 
@@ -99,12 +101,14 @@ def clipped_gradient_sum(
       mask: optional (B,) booleans; rows that are false (padding) contribute nothing.
       precision: None, or the autocast dtype of the model's forward (and so backward) pass;
         the loss, the norms, the clip factors and the sum are float32 either way.
+      groups: group-wise clipping (:mod:`dpvision.per_example.groups`): each example's
+        gradient restricted to group g is clipped to C_g instead (``max_grad_norm`` unused).
 
     Privacy:
       Releases nothing by itself. Its output has L2 sensitivity C under add/remove-one
-      (each example's contribution is clipped to C), which is what the caller's noise must
-      be scaled to. Non-finite per-example gradients are zeroed and counted, not
-      propagated.
+      (each example's contribution is clipped to C), or √(Σ C_g²) with ``groups``, which is
+      what the caller's noise must be scaled to. Non-finite per-example gradients are
+      zeroed and counted, not propagated.
     """
     if not max_grad_norm > 0:
         raise DPVisionError(f"max_grad_norm must be > 0, got {max_grad_norm}")
@@ -126,10 +130,11 @@ def clipped_gradient_sum(
         keep,
         max_grad_norm=max_grad_norm,
         precision=precision,
+        groups=groups,
     )
     return ClippedGradientSum(
         grads=grads,
-        l2_sensitivity=float(max_grad_norm),
+        l2_sensitivity=float(max_grad_norm) if groups is None else groups.l2_sensitivity,
         count=int(kept.sum()),
         nonfinite=int((~torch.isfinite(norms)).sum()),
         norms=norms.detach(),
@@ -147,6 +152,7 @@ def functional_clipped_sum(
     *,
     max_grad_norm: float,
     precision: torch.dtype | None = None,
+    groups: GroupNorms | None = None,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
     """The pure core of :func:`clipped_gradient_sum`, safe to ``vmap`` over stacked models.
 
@@ -165,7 +171,8 @@ def functional_clipped_sum(
 
     Privacy:
       Releases nothing. The sum has L2 sensitivity C under add/remove-one: cᵢ comes from
-      :func:`dpvision.mechanisms.clip_factors`, the norm taken over all of ``params``.
+      :func:`dpvision.mechanisms.clip_factors`, the norm taken over all of ``params``; with
+      ``groups``, each group's factor from that group's norm, sensitivity √(Σ C_g²).
     """
 
     def example_loss(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -183,13 +190,21 @@ def functional_clipped_sum(
         torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in per_example.values()]),
         dim=0,
     )
-    scale = clipping.clip_factors(norms, max_grad_norm, keep)
     kept = torch.isfinite(norms) & keep
+    if groups is None:
+        scales = {name: clipping.clip_factors(norms, max_grad_norm, keep) for name in per_example}
+    else:
+        sq: dict[str, torch.Tensor] = {}
+        for name, g in per_example.items():
+            part = torch.linalg.vector_norm(g.flatten(1), dim=1).pow(2)
+            sq[group_of(name)] = sq[group_of(name)] + part if group_of(name) in sq else part
+        factors = groups.factors(sq, kept)
+        scales = {name: factors[group_of(name)] for name in per_example}
     grads = {}
     for name, g in per_example.items():
         # Rows with cᵢ = 0 may hold NaN or inf, which 0 · x would propagate: zero them first.
         g = torch.where(kept.view(-1, *[1] * (g.dim() - 1)), g, 0.0)
-        grads[name] = torch.tensordot(scale.to(g.dtype), g, dims=1)
+        grads[name] = torch.tensordot(scales[name].to(g.dtype), g, dims=1)
     return grads, norms, kept
 
 

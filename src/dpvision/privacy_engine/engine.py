@@ -15,6 +15,7 @@ from dpvision.mechanisms import PoissonSampler, SecureRandom
 from dpvision.mechanisms.noise import NoiseGenerator
 from dpvision.models import validate_model
 from dpvision.per_example.bookkeeping import unsupported_layers
+from dpvision.per_example.groups import per_layer
 from dpvision.per_example.tape import ActivationTape
 from dpvision.privacy_engine.data_loader import (
     DPDataLoader,
@@ -26,6 +27,7 @@ from dpvision.privacy_engine.module import PrivateModule
 from dpvision.privacy_engine.optimizer import DPOptimizer
 
 LOSS_REDUCTIONS = ("mean", "sum")
+CLIPPINGS = ("flat", "per_layer")
 # Opacus' ways of computing per-sample gradients; dpvision's rules serve them all.
 GRAD_SAMPLE_MODES = ("hooks", "functorch", "ew", "ghost")
 
@@ -69,7 +71,7 @@ class PrivacyEngine:
         optimizer: torch.optim.Optimizer,
         data_loader: DataLoader[Any],
         noise_multiplier: float,
-        max_grad_norm: float,
+        max_grad_norm: float | list[float],
         poisson_sampling: bool = True,
         augmult: int = 0,
         ema_decay: float | None = None,
@@ -88,8 +90,8 @@ class PrivacyEngine:
     ):
         """Returns the private (module, optimizer, data loader) triple.
 
-        Opacus' ``make_private`` calls run unchanged: ``clipping="flat"`` (the only one:
-        each example's whole gradient is clipped to C), any ``grad_sample_mode`` of Opacus
+        Opacus' ``make_private`` calls run unchanged: ``clipping="flat"`` (each example's
+        whole gradient clipped to C) or ``"per_layer"``, any ``grad_sample_mode`` of Opacus
         (``hooks``, ``functorch``, ``ew``, ``ghost``: all give the same exact clipped sum
         here, by book-keeping with a rule per layer kind) and, for ``ghost``, the
         ``criterion`` comes back as the third of four values, as in Opacus.
@@ -100,7 +102,8 @@ class PrivacyEngine:
           optimizer: any torch optimizer over (some of) ``module``'s parameters.
           data_loader: a ``DataLoader`` with a ``batch_size``; q = batch_size/len(dataset).
           noise_multiplier: σ ≥ 0.
-          max_grad_norm: C > 0.
+          max_grad_norm: C > 0; with ``clipping="per_layer"`` also one norm per layer
+            with trainable parameters (a number C gives each of the G layers C/√G).
           poisson_sampling: must be True (fixed-size shuffled batches are not offered: the
             accountant assumes Poisson sampling).
           augmult: K augmented views (random crop after 4-pixel reflect padding, horizontal
@@ -112,7 +115,10 @@ class PrivacyEngine:
             examples (memory only: noise is still added once per logical batch).
           noise_generator: source of the noise (None: a generator seeded from ``seed``).
           seed: seeds the sampling, the augmentation and the noise (None: fresh entropy).
-          clipping: ``flat`` (Opacus' ``per_layer`` and ``adaptive`` are refused).
+          clipping: ``flat``, or ``per_layer`` (:mod:`dpvision.per_example.groups`: the
+            part of each example's gradient in layer g is clipped to C_g; sensitivity and
+            noise scale √(Σ C_g²)). Unlike Opacus, a layer's weight and bias are one group.
+            ``adaptive`` is refused.
           grad_sample_mode: accepted for Opacus code; the clipping is the same for all.
           criterion: the loss, returned unchanged with ``grad_sample_mode="ghost"``
             (default ``nn.CrossEntropyLoss()``); its ``reduction`` must be
@@ -129,11 +135,16 @@ class PrivacyEngine:
           Each logical step releases the noisy clipped sum of one Poisson batch (see
           :class:`DPOptimizer`) and records it in :attr:`ledger`.
         """
-        if clipping != "flat":
+        if clipping not in CLIPPINGS:
             raise DPVisionError(
-                f"clipping={clipping!r} is not offered: dpvision clips each example's whole "
-                "gradient to max_grad_norm (clipping='flat')"
+                f"clipping={clipping!r} is not offered: choose clipping='flat' (each example's "
+                "whole gradient clipped to max_grad_norm) or 'per_layer'"
             )
+        groups = per_layer(module, max_grad_norm) if clipping == "per_layer" else None
+        if groups is not None:
+            max_grad_norm = groups.l2_sensitivity
+        elif not isinstance(max_grad_norm, int | float):
+            raise DPVisionError("a list of max_grad_norm values needs clipping='per_layer'")
         if grad_sample_mode not in GRAD_SAMPLE_MODES:
             raise DPVisionError(
                 f"unknown grad_sample_mode {grad_sample_mode!r}; choose one of "
@@ -212,6 +223,7 @@ class PrivacyEngine:
             ledger=self.ledger,
             generator=generator,
             views=views,
+            groups=groups,
             loss_reduction=loss_reduction,
             normalize_update=normalize_update,
             ema_decay=ema_decay,
@@ -256,7 +268,7 @@ class PrivacyEngine:
         target_epsilon: float,
         target_delta: float,
         epochs: int,
-        max_grad_norm: float,
+        max_grad_norm: float | list[float],
         **options: Any,
     ) -> (
         tuple[PrivateModule, DPOptimizer, DPDataLoader]

@@ -12,6 +12,7 @@ from dpvision.accounting import PrivacyLedger
 from dpvision.errors import DPVisionError
 from dpvision.mechanisms.noise import NoiseGenerator
 from dpvision.per_example.bookkeeping import clip_terms, trainable_params, unclipped_mismatch
+from dpvision.per_example.groups import GroupNorms
 from dpvision.per_example.layers import layer_terms
 from dpvision.per_example.reference import ClippedGradientSum
 from dpvision.per_example.tape import ActivationTape, UnsupportedError
@@ -39,6 +40,7 @@ class DPOptimizer(torch.optim.Optimizer):
         physical batch (its output gradients are rescaled to per-example gradients).
       normalize_update: also divide by C (jax_privacy's ``rescale_to_unit_norm``).
       ema_decay: decay of a parameter EMA updated after each logical step, or None.
+      groups: per-layer clip norms (``clipping="per_layer"``); C is then √(Σ C_g²).
 
     Privacy:
       Each logical step releases Σᵢ clip(gᵢ, C) + N(0, (σC)² I) over the examples of one
@@ -65,6 +67,7 @@ class DPOptimizer(torch.optim.Optimizer):
         loss_reduction: str = "mean",
         normalize_update: bool = False,
         ema_decay: float | None = None,
+        groups: GroupNorms | None = None,
     ) -> None:
         # Not calling Optimizer.__init__: the state lives in the wrapped optimizer (as Opacus).
         self.original_optimizer = optimizer
@@ -72,7 +75,8 @@ class DPOptimizer(torch.optim.Optimizer):
         self.param_groups = optimizer.param_groups
         self.state = optimizer.state
         self.module, self.tape, self.ledger, self.generator = module, tape, ledger, generator
-        self.max_grad_norm = float(max_grad_norm)
+        self.groups = groups
+        self.max_grad_norm = float(max_grad_norm if groups is None else groups.l2_sensitivity)
         self.release = GradientRelease(
             noise_multiplier=float(noise_multiplier),
             sample_rate=sample_rate,
@@ -222,9 +226,17 @@ class DPOptimizer(torch.optim.Optimizer):
         # Observed output gradients are (1/rows)·Σₖ∇ℓ (mean) or Σₖ∇ℓ (sum); the clipped unit
         # is the view mean (1/K)·Σₖ∇ℓ.
         scale = batch if self.loss_reduction == "mean" else 1.0 / self.views
-        clipped = clip_terms(
-            terms, self.params, batch, max_grad_norm=self.max_grad_norm, grad_scale=scale
-        )
+        try:
+            clipped = clip_terms(
+                terms,
+                self.params,
+                batch,
+                max_grad_norm=self.max_grad_norm,
+                grad_scale=scale,
+                groups=self.groups,
+            )
+        except UnsupportedError as error:
+            raise DPVisionError(f"PrivacyEngine does not support {error}") from None
         self.summed.add_(clipped)
 
     def _release(self) -> None:

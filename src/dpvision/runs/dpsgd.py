@@ -45,6 +45,7 @@ from dpvision.models.finetune import apply_finetune
 from dpvision.models.registry import build_network, is_external, prepare_for_dp
 from dpvision.models.validation import validate_model
 from dpvision.models.weights import check_trained_on, load_weights
+from dpvision.per_example import per_layer
 from dpvision.runs.saved import TrainedModel, privacy_of
 from dpvision.runs.transfer import transfer_plan
 from dpvision.training.batching import micro_batches
@@ -147,6 +148,11 @@ class _Run:
         """Loads the data, calibrates σ, builds the model and the state, and resumes from
         ``checkpoint`` when it exists."""
         workers = current()
+        if config.dpsgd.clipping_mode != "flat" and config.method != "dp-sgd":
+            raise DPVisionError(
+                "learner.clipping_mode = 'per-layer' is for --method dp-sgd (DP-RandP's phases "
+                "change which layers train)"
+            )
         if config.dpsgd.secure_mode and (checkpoint is not None or workers.distributed):
             raise DPVisionError(
                 "learner.secure_mode draws from the operating system's CSPRNG, which has no "
@@ -216,6 +222,11 @@ class _Run:
             workers=workers,
             ema=state.ema,
             precision=place.compute_dtype,
+            groups=(
+                per_layer(model, options.max_grad_norm)
+                if options.clipping_mode == "per-layer"
+                else None
+            ),
         )
         run = cls(
             config=config,

@@ -26,6 +26,7 @@ from dpvision.mechanisms import gaussian_noise, observe_release, report_released
 from dpvision.mechanisms.noise import NoiseGenerator
 from dpvision.mechanisms.secure import noise_source
 from dpvision.per_example import CLIPPING_METHODS, ClippedGradientSum, clip_and_sum
+from dpvision.per_example.groups import GroupNorms
 
 RELEASED = "DP-SGD clipped gradient sum"
 
@@ -223,11 +224,14 @@ class DPSGDStep:
       precision: the autocast dtype of the forward and backward passes (``torch.bfloat16``)
         or None (float32). Per-example norms, clip factors, the clipped sum and the noise
         are float32 either way (:func:`~dpvision.per_example.clip_and_sum`).
+      groups: group-wise clipping (:func:`~dpvision.per_example.per_layer`): each layer's
+        part of an example's gradient is clipped to its own C_g; the sensitivity, and the
+        noise, are then √(Σ C_g²) (``max_grad_norm`` is unused).
 
     Privacy:
       Each call releases Σᵢ clip(gᵢ, C) + N(0, (σC)² I) over the examples of one Poisson
-      batch (all ranks' shares together), L2 sensitivity C, recorded as one
-      Poisson-sampled Gaussian step at rate q (:func:`noisy_step`).
+      batch (all ranks' shares together), L2 sensitivity C (√(Σ C_g²) with ``groups``),
+      recorded as one Poisson-sampled Gaussian step at rate q (:func:`noisy_step`).
       Everything after (division by qN, the optimizer, the EMA) is post-processing. With
       σ = 0 nothing is private and the ledger says so (a non-private baseline).
     """
@@ -250,6 +254,7 @@ class DPSGDStep:
         workers: Workers | None = None,
         ema: ParameterEMA | None = None,
         precision: torch.dtype | None = None,
+        groups: GroupNorms | None = None,
     ) -> None:
         if clipping not in CLIPPING_METHODS:
             raise DPVisionError(
@@ -265,6 +270,8 @@ class DPSGDStep:
         self.max_grad_norm = max_grad_norm
         self.ledger, self.generator, self.views = ledger, generator, views
         self.clipping, self.ema, self.precision = clipping, ema, precision
+        self.groups = groups
+        self.sensitivity = max_grad_norm if groups is None else groups.l2_sensitivity
         self.workers = workers or Workers()
 
     def __call__(self, micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> None:
@@ -274,7 +281,7 @@ class DPSGDStep:
         ``torchrun`` every rank calls this with its own share of the batch.
         """
         params = {k: p for k, p in self.model.named_parameters() if p.requires_grad}
-        total = ClippedGradientSum.zeros(params, l2_sensitivity=self.max_grad_norm)
+        total = ClippedGradientSum.zeros(params, l2_sensitivity=self.sensitivity)
         for inputs, targets in micro_batches:
             if len(inputs) == 0:
                 continue
@@ -288,6 +295,7 @@ class DPSGDStep:
                     views=self.views,
                     method=self.clipping,
                     precision=self.precision,
+                    groups=self.groups,
                 )
             )
         noisy_step(

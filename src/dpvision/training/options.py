@@ -58,6 +58,9 @@ class PerformanceOptions:
 _PERFORMANCE = tuple(f.name for f in dataclasses.fields(PerformanceOptions))
 
 
+CLIPPING_MODES = ("flat", "per-layer")
+
+
 @dataclass(frozen=True)
 class DPSGDOptions:
     """Hyper-parameters of one DP-SGD run (De et al. 2022; Tramèr & Boneh 2021).
@@ -90,6 +93,9 @@ class DPSGDOptions:
         on the privatised gradient (weight decay acts on the parameters only, no data).
       nesterov: Nesterov momentum for ``sgd``.
       max_grad_norm: C, the per-example clipping norm.
+      clipping_mode: ``flat`` (each example's whole gradient clipped to C) or ``per-layer``
+        (Opacus' ``per_layer``: each of the G layers' part clipped to C/√G; the sensitivity,
+        hence the noise, stays C; :mod:`dpvision.per_example.groups`). ``dp-sgd`` only.
       normalize_update: divide the noisy sum by C too (jax_privacy ``rescale_to_unit_norm``).
       secure_mode: draw the noise and the Poisson batches from the operating system's
         CSPRNG (:mod:`dpvision.mechanisms.secure`; Opacus' ``secure_mode``): slower, not
@@ -126,6 +132,7 @@ class DPSGDOptions:
     optimizer: str = "sgd"
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
+    clipping_mode: str = "flat"
     normalize_update: bool = False
     secure_mode: bool = False
     augmult: int = 0
@@ -186,6 +193,11 @@ class DPSGDOptions:
         for name, value in positive.items():
             if not value > 0:
                 raise DPVisionError(f"learner.{name} must be > 0, got {value}")
+        if self.clipping_mode not in CLIPPING_MODES:
+            raise DPVisionError(
+                f"learner.clipping_mode must be one of {', '.join(CLIPPING_MODES)}, got "
+                f"{self.clipping_mode!r}"
+            )
         if self.steps is None and self.epochs is None:
             raise DPVisionError("give learner.steps or learner.epochs")
         if self.steps is not None and self.epochs is not None:

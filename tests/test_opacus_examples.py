@@ -215,7 +215,7 @@ def test_where_dpvision_deliberately_differs_it_says_so_in_one_line():
     )
     for options, message in [
         ({"poisson_sampling": False}, "Poisson"),
-        ({"clipping": "adaptive"}, "clipping='flat'"),
+        ({"clipping": "automatic"}, "clipping='flat'"),
         ({"grad_sample_mode": "magic"}, "unknown grad_sample_mode"),
         ({"batch_first": False}, "batch_first=False"),
         ({"criterion": nn.CrossEntropyLoss(reduction="sum")}, "must agree"),

@@ -44,6 +44,7 @@ from dpvision.errors import DPVisionError
 from dpvision.learners.base import DPLinearClassifier
 from dpvision.mechanisms import Release, observing_releases
 from dpvision.privacy_engine import PrivacyEngine
+from dpvision.training.adaptive_clipping import AdaptiveClipping
 from dpvision.training.engine import DPSGDStep
 
 Data = tuple[Any, ...]
@@ -322,9 +323,12 @@ def dpsgd_release(
     steps: int = 1,
     workers: Any = None,
     precision: torch.dtype | None = None,
+    adaptive: dict[str, float] | None = None,
 ) -> Run:
     """``run((inputs, targets))``: DP-SGD engine steps on a copy of ``model``, noise off
-    (forward and backward under autocast to ``precision`` when given).
+    (forward and backward under autocast to ``precision`` when given; with adaptive
+    clipping when ``adaptive`` gives :class:`~dpvision.training.AdaptiveClipping`'s
+    arguments, ``initial`` defaulting to ``max_grad_norm``).
 
     Every step uses the whole dataset as its batch (q = 1), split into physical batches of
     ``physical_batch_size`` examples; the copy's parameters do not move (learning rate 0),
@@ -357,6 +361,11 @@ def dpsgd_release(
             clipping=clipping,
             workers=workers,
             precision=precision,
+            adaptive=(
+                None
+                if adaptive is None
+                else AdaptiveClipping(**{"initial": max_grad_norm, **adaptive})
+            ),
         )
         size = physical_batch_size or max(1, len(inputs))
         for _ in range(steps):

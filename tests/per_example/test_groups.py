@@ -8,15 +8,18 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
+from scipy import stats
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from dpvision import PrivacyEngine
+from dpvision.accounting import PrivacyLedger
 from dpvision.cli import main
 from dpvision.errors import DPVisionError
 from dpvision.per_example import GroupNorms, clip_and_sum, per_layer
 from dpvision.per_example.groups import group_of
 from dpvision.testing import check_sensitivity, privacy_engine_release
+from dpvision.training import DPSGDStep
 
 
 def _model() -> nn.Module:
@@ -152,3 +155,30 @@ def test_cli_trains_with_per_layer_clipping(tmp_path, capsys):
     code = main(["train", "--quiet", "--method", "dp-sgd", "--set", "learner.clipping_mode='x'"])
     assert code == 2
     assert "clipping_mode must be one of" in capsys.readouterr().err
+
+
+def test_the_noise_is_scaled_to_the_root_sum_of_squares_of_the_group_norms():
+    # Zero gradients: each coordinate of the update is N(0, (σ·√(Σ C_g²))²)/(qN).
+    sigma, norms = 1.3, [0.3, 0.4]  # √(Σ C_g²) = 0.5
+    draws = []
+    for seed in range(400):
+        model = nn.Sequential(nn.Linear(3, 2, bias=False), nn.Linear(2, 2, bias=False)).double()
+        for param in model.parameters():
+            nn.init.zeros_(param)
+        step = DPSGDStep(
+            model=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=1.0),
+            loss_fn=lambda out, y: 0.0 * out.sum(dim=-1),
+            noise_multiplier=sigma,
+            max_grad_norm=1.0,
+            sample_rate=0.01,
+            num_examples=1000,
+            ledger=PrivacyLedger(),
+            generator=torch.Generator().manual_seed(seed),
+            groups=per_layer(model, norms),
+        )
+        step([(torch.ones(4, 3, dtype=torch.float64), torch.zeros(4, dtype=torch.long))])
+        draws.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+    values = (torch.cat(draws) * 10).numpy()  # qN = 10
+    assert stats.kstest(values, stats.norm(scale=sigma * 0.5).cdf).pvalue > 1e-3
+    assert stats.kstest(values, stats.norm(scale=sigma * 0.7).cdf).pvalue < 1e-6

@@ -25,9 +25,10 @@ from dpvision.privacy_engine.data_loader import (
 )
 from dpvision.privacy_engine.module import PrivateModule
 from dpvision.privacy_engine.optimizer import DPOptimizer
+from dpvision.training.adaptive_clipping import AdaptiveClipping
 
 LOSS_REDUCTIONS = ("mean", "sum")
-CLIPPINGS = ("flat", "per_layer")
+CLIPPINGS = ("flat", "per_layer", "adaptive")
 # Opacus' ways of computing per-sample gradients; dpvision's rules serve them all.
 GRAD_SAMPLE_MODES = ("hooks", "functorch", "ew", "ghost")
 
@@ -84,6 +85,11 @@ class PrivacyEngine:
         grad_sample_mode: str = "hooks",
         criterion: nn.Module | None = None,
         batch_first: bool = True,
+        target_unclipped_quantile: float = 0.5,
+        clipbound_learning_rate: float = 0.2,
+        max_clipbound: float = 1e6,
+        min_clipbound: float = 1e-6,
+        unclipped_num_std: float | None = None,
     ) -> (
         tuple[PrivateModule, DPOptimizer, DPDataLoader]
         | tuple[PrivateModule, DPOptimizer, nn.Module, DPDataLoader]
@@ -118,7 +124,12 @@ class PrivacyEngine:
           clipping: ``flat``, or ``per_layer`` (:mod:`dpvision.per_example.groups`: the
             part of each example's gradient in layer g is clipped to C_g; sensitivity and
             noise scale √(Σ C_g²)). Unlike Opacus, a layer's weight and bias are one group.
-            ``adaptive`` is refused.
+            Or ``adaptive`` (:mod:`dpvision.training.adaptive_clipping`): C starts at
+            ``max_grad_norm`` and follows the ``target_unclipped_quantile`` of the
+            per-example norms (steps of ``clipbound_learning_rate``, within
+            [``min_clipbound``, ``max_clipbound``]), from a count released each step with
+            noise ``unclipped_num_std`` (default: the expected batch size over 20); σ is
+            split between the sum and the count, so each step stays one release of σ.
           grad_sample_mode: accepted for Opacus code; the clipping is the same for all.
           criterion: the loss, returned unchanged with ``grad_sample_mode="ghost"``
             (default ``nn.CrossEntropyLoss()``); its ``reduction`` must be
@@ -138,7 +149,7 @@ class PrivacyEngine:
         if clipping not in CLIPPINGS:
             raise DPVisionError(
                 f"clipping={clipping!r} is not offered: choose clipping='flat' (each example's "
-                "whole gradient clipped to max_grad_norm) or 'per_layer'"
+                "whole gradient clipped to max_grad_norm), 'per_layer' or 'adaptive'"
             )
         groups = per_layer(module, max_grad_norm) if clipping == "per_layer" else None
         if groups is not None:
@@ -192,6 +203,18 @@ class PrivacyEngine:
                 "they would be updated without privacy"
             )
         sample_rate, num_examples = loader_sample_rate(data_loader)
+        adaptive = None
+        if clipping == "adaptive":
+            expected = sample_rate * num_examples
+            adaptive = AdaptiveClipping(
+                initial=float(max_grad_norm),
+                count_noise=expected / 20 if unclipped_num_std is None else unclipped_num_std,
+                target_quantile=target_unclipped_quantile,
+                learning_rate=clipbound_learning_rate,
+                min_clip=min_clipbound,
+                max_clip=max_clipbound,
+            )
+            adaptive.sum_noise_multiplier(noise_multiplier)  # σ_b > σ, checked up front
         sampling_seed, augment_seed, noise_seed = (
             int(s.generate_state(1, np.uint64)[0] >> np.uint64(1))
             for s in np.random.SeedSequence(seed).spawn(3)
@@ -224,6 +247,7 @@ class PrivacyEngine:
             generator=generator,
             views=views,
             groups=groups,
+            adaptive=adaptive,
             loss_reduction=loss_reduction,
             normalize_update=normalize_update,
             ema_decay=ema_decay,

@@ -16,7 +16,13 @@ from dpvision.per_example.groups import GroupNorms
 from dpvision.per_example.layers import layer_terms
 from dpvision.per_example.reference import ClippedGradientSum
 from dpvision.per_example.tape import ActivationTape, UnsupportedError
-from dpvision.training.engine import GradientRelease, ParameterEMA, noisy_step
+from dpvision.training.adaptive_clipping import AdaptiveClipping
+from dpvision.training.engine import (
+    GradientRelease,
+    ParameterEMA,
+    adaptive_noisy_step,
+    noisy_step,
+)
 
 
 class DPOptimizer(torch.optim.Optimizer):
@@ -41,6 +47,9 @@ class DPOptimizer(torch.optim.Optimizer):
       normalize_update: also divide by C (jax_privacy's ``rescale_to_unit_norm``).
       ema_decay: decay of a parameter EMA updated after each logical step, or None.
       groups: per-layer clip norms (``clipping="per_layer"``); C is then √(Σ C_g²).
+      adaptive: adaptive clipping (``clipping="adaptive"``): C follows a quantile of the
+        per-example norms; each step also releases the unclipped count, and σ is split
+        between the sum and the count (:mod:`dpvision.training.adaptive_clipping`).
 
     Privacy:
       Each logical step releases Σᵢ clip(gᵢ, C) + N(0, (σC)² I) over the examples of one
@@ -68,6 +77,7 @@ class DPOptimizer(torch.optim.Optimizer):
         normalize_update: bool = False,
         ema_decay: float | None = None,
         groups: GroupNorms | None = None,
+        adaptive: AdaptiveClipping | None = None,
     ) -> None:
         # Not calling Optimizer.__init__: the state lives in the wrapped optimizer (as Opacus).
         self.original_optimizer = optimizer
@@ -77,8 +87,14 @@ class DPOptimizer(torch.optim.Optimizer):
         self.module, self.tape, self.ledger, self.generator = module, tape, ledger, generator
         self.groups = groups
         self.max_grad_norm = float(max_grad_norm if groups is None else groups.l2_sensitivity)
+        self.adaptive, self.sigma = adaptive, float(noise_multiplier)
+        if adaptive is not None:
+            self.max_grad_norm = adaptive.clip
+        self._unclipped = torch.zeros((), dtype=torch.float64)
         self.release = GradientRelease(
-            noise_multiplier=float(noise_multiplier),
+            noise_multiplier=(
+                self.sigma if adaptive is None else adaptive.sum_noise_multiplier(self.sigma)
+            ),
             sample_rate=sample_rate,
             expected_batch_size=sample_rate * num_examples,
             normalize_update=normalize_update,
@@ -158,6 +174,7 @@ class DPOptimizer(torch.optim.Optimizer):
             stacklevel=3,
         )
         self.summed = ClippedGradientSum.zeros(self.params, l2_sensitivity=self.max_grad_norm)
+        self._unclipped = torch.zeros((), dtype=torch.float64)
         self._pending = None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -238,21 +255,30 @@ class DPOptimizer(torch.optim.Optimizer):
         except UnsupportedError as error:
             raise DPVisionError(f"PrivacyEngine does not support {error}") from None
         self.summed.add_(clipped)
+        if self.adaptive is not None:  # exact and private: only its noisy release is used
+            unclipped = (clipped.norms <= self.max_grad_norm).sum().to(torch.float64).cpu()
+            self._unclipped = self._unclipped + unclipped
 
     def _release(self) -> None:
         """The one DP-SGD update (:func:`~dpvision.training.engine.noisy_step`) of the
         accumulated clipped sum: noise once, divide by qN (and C), step, record, update
         the EMA."""
-        noisy_step(
-            self.summed,
-            self.params,
-            release=self.release,
-            optimizer=self.original_optimizer,
-            ledger=self.ledger,
-            generator=self.generator,
-            ema=self.ema,
-            keep_grad=True,
-        )
+        apply = {
+            "release": self.release,
+            "optimizer": self.original_optimizer,
+            "ledger": self.ledger,
+            "generator": self.generator,
+            "ema": self.ema,
+            "keep_grad": True,
+        }
+        if self.adaptive is None:
+            noisy_step(self.summed, self.params, **apply)
+        else:
+            unclipped, self._unclipped = self._unclipped, torch.zeros((), dtype=torch.float64)
+            adaptive_noisy_step(
+                self.summed, self.params, unclipped, self.adaptive, sigma=self.sigma, **apply
+            )
+            self.max_grad_norm = self.adaptive.clip
         self.summed = ClippedGradientSum.zeros(self.params, l2_sensitivity=self.max_grad_norm)
         self.steps += 1
 

@@ -48,6 +48,7 @@ from dpvision.models.weights import check_trained_on, load_weights
 from dpvision.per_example import per_layer
 from dpvision.runs.saved import TrainedModel, privacy_of
 from dpvision.runs.transfer import transfer_plan
+from dpvision.training.adaptive_clipping import AdaptiveClipping
 from dpvision.training.batching import micro_batches
 from dpvision.training.checkpoint import (
     TrainingState,
@@ -150,8 +151,8 @@ class _Run:
         workers = current()
         if config.dpsgd.clipping_mode != "flat" and config.method != "dp-sgd":
             raise DPVisionError(
-                "learner.clipping_mode = 'per-layer' is for --method dp-sgd (DP-RandP's phases "
-                "change which layers train)"
+                f"learner.clipping_mode = {config.dpsgd.clipping_mode!r} is for --method dp-sgd "
+                "(DP-RandP's phases change which layers train)"
             )
         if config.dpsgd.secure_mode and (checkpoint is not None or workers.distributed):
             raise DPVisionError(
@@ -205,6 +206,7 @@ class _Run:
             noise=SecureRandom() if options.secure_mode else place.generator(seeds["noise"]),
             augment=torch.Generator().manual_seed(seeds["augment"]),
             ledger=data.ledger,
+            adaptive=adaptive_clipping(options, sample_rate * num_train),
         )
         step_fn = DPSGDStep(
             model=model,
@@ -227,6 +229,7 @@ class _Run:
                 if options.clipping_mode == "per-layer"
                 else None
             ),
+            adaptive=state.adaptive,
         )
         run = cls(
             config=config,
@@ -386,6 +389,8 @@ class _Run:
             "noise_multiplier": self.sigma if self.sigma > 0 else None,
             "steps": self.steps,
             "sample_rate": self.step_fn.release.sample_rate,
+            # Adaptive clipping: the last clip norm, post-processing of the noisy counts.
+            "final_clip_norm": None if self.state.adaptive is None else self.state.adaptive.clip,
             "n_train": len(self.data.train_y),
             "n_test": len(self.data.test_y),
             "num_features": int(np.prod(self.data.train_x.shape[1:])),
@@ -406,6 +411,21 @@ class _Run:
             "privacy_ledger": ledger.to_dict()["entries"],
             "config": config.to_dict(),
         }
+
+
+def adaptive_clipping(options: DPSGDOptions, expected_batch_size: float) -> AdaptiveClipping | None:
+    """The adaptive clip norm of ``clipping_mode = "adaptive"`` (None otherwise)."""
+    if options.clipping_mode != "adaptive":
+        return None
+    count_noise = options.unclipped_num_std
+    return AdaptiveClipping(
+        initial=options.max_grad_norm,
+        count_noise=expected_batch_size / 20 if count_noise is None else count_noise,
+        target_quantile=options.target_unclipped_quantile,
+        learning_rate=options.clipbound_learning_rate,
+        min_clip=options.min_clipbound,
+        max_clip=options.max_clipbound,
+    )
 
 
 def initial_model(

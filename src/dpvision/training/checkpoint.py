@@ -28,6 +28,7 @@ from dpvision.errors import DPVisionError
 from dpvision.fileio import atomic_open, differing_keys, load_torch
 from dpvision.mechanisms import PoissonSampler
 from dpvision.mechanisms.noise import NoiseGenerator
+from dpvision.training.adaptive_clipping import AdaptiveClipping
 from dpvision.training.engine import ParameterEMA
 
 CHECKPOINT_FORMAT = "dpvision-dpsgd-checkpoint-v1"
@@ -48,6 +49,7 @@ class TrainingState:
     augment: torch.Generator
     ledger: PrivacyLedger
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    adaptive: AdaptiveClipping | None = None  # the current clip norm of adaptive clipping
 
 
 def fingerprint(settings: dict[str, Any]) -> str:
@@ -74,6 +76,7 @@ def save_checkpoint(path: Path, state: TrainingState, settings: dict[str, Any]) 
         "augment": state.augment.get_state(),
         "history": list(state.history),
         "ledger": state.ledger.to_json(),
+        "adaptive": None if state.adaptive is None else state.adaptive.state_dict(),
     }
     with atomic_open(path, "wb") as out:
         torch.save(payload, out)
@@ -132,6 +135,8 @@ def resume(
     state.noise.set_state(payload["noise"])
     state.augment.set_state(payload["augment"])
     state.history[:] = payload["history"]
+    if state.adaptive is not None:
+        state.adaptive.load_state_dict(payload["adaptive"])
     state.ledger = PrivacyLedger.from_json(payload["ledger"])
 
 

@@ -15,6 +15,7 @@ expected batch size qN. Splitting is therefore a memory knob that never changes 
 import dataclasses
 import math
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import torch
 
@@ -27,6 +28,7 @@ from dpvision.mechanisms.noise import NoiseGenerator
 from dpvision.mechanisms.secure import noise_source
 from dpvision.per_example import CLIPPING_METHODS, ClippedGradientSum, clip_and_sum
 from dpvision.per_example.groups import GroupNorms
+from dpvision.training.adaptive_clipping import AdaptiveClipping
 
 RELEASED = "DP-SGD clipped gradient sum"
 
@@ -255,13 +257,23 @@ class DPSGDStep:
         ema: ParameterEMA | None = None,
         precision: torch.dtype | None = None,
         groups: GroupNorms | None = None,
+        adaptive: AdaptiveClipping | None = None,
     ) -> None:
         if clipping not in CLIPPING_METHODS:
             raise DPVisionError(
                 f"unknown clipping {clipping!r}; choose one of {', '.join(CLIPPING_METHODS)}"
             )
+        if adaptive is not None and groups is not None:
+            raise DPVisionError("adaptive clipping is flat: it cannot be combined with per-layer")
+        self.adaptive = adaptive
+        self.sigma = noise_multiplier
         self.release = GradientRelease(
-            noise_multiplier=noise_multiplier,
+            # Adaptive clipping: the sum's share σ_s of the step's σ (the count has the rest).
+            noise_multiplier=(
+                noise_multiplier
+                if adaptive is None
+                else adaptive.sum_noise_multiplier(noise_multiplier)
+            ),
             sample_rate=sample_rate,
             expected_batch_size=sample_rate * num_examples,
             normalize_update=normalize_update,
@@ -281,30 +293,84 @@ class DPSGDStep:
         ``torchrun`` every rank calls this with its own share of the batch.
         """
         params = {k: p for k, p in self.model.named_parameters() if p.requires_grad}
-        total = ClippedGradientSum.zeros(params, l2_sensitivity=self.sensitivity)
+        adaptive = self.adaptive
+        clip = self.max_grad_norm if adaptive is None else adaptive.clip
+        sensitivity = self.sensitivity if adaptive is None else clip
+        total = ClippedGradientSum.zeros(params, l2_sensitivity=sensitivity)
+        like = next(iter(params.values()))
+        unclipped = torch.zeros((), dtype=torch.float64, device=like.device)
         for inputs, targets in micro_batches:
             if len(inputs) == 0:
                 continue
-            total.add_(
-                clip_and_sum(
-                    self.model,
-                    self.loss_fn,
-                    inputs,
-                    targets,
-                    max_grad_norm=self.max_grad_norm,
-                    views=self.views,
-                    method=self.clipping,
-                    precision=self.precision,
-                    groups=self.groups,
-                )
+            part = clip_and_sum(
+                self.model,
+                self.loss_fn,
+                inputs,
+                targets,
+                max_grad_norm=clip,
+                views=self.views,
+                method=self.clipping,
+                precision=self.precision,
+                groups=self.groups,
             )
-        noisy_step(
-            total,
-            params,
-            release=self.release,
-            optimizer=self.optimizer,
-            ledger=self.ledger,
-            generator=self.generator,
-            ema=self.ema,
-            workers=self.workers,
+            total.add_(part)
+            if adaptive is not None:  # exact and private: only its noisy release is used
+                unclipped += (part.norms <= clip).sum().to(unclipped.dtype)
+        apply = {
+            "optimizer": self.optimizer,
+            "ledger": self.ledger,
+            "generator": self.generator,
+            "ema": self.ema,
+            "workers": self.workers,
+        }
+        if adaptive is None:
+            noisy_step(total, params, release=self.release, **apply)
+        else:
+            adaptive_noisy_step(
+                total, params, unclipped, adaptive, release=self.release, sigma=self.sigma, **apply
+            )
+
+
+def adaptive_noisy_step(
+    clipped: ClippedGradientSum,
+    params: Mapping[str, torch.Tensor],
+    unclipped: torch.Tensor,
+    adaptive: AdaptiveClipping,
+    *,
+    release: GradientRelease,
+    sigma: float,
+    ledger: PrivacyLedger,
+    generator: NoiseGenerator,
+    **apply: Any,
+) -> None:
+    """:func:`noisy_step` with adaptive clipping: the clipped sum (at C_t, noise multiplier
+    σ_s of ``release``) and the unclipped count (noise σ_b), then the new clip norm.
+
+    Privacy:
+      The sum (sensitivity C_t, σ_s) and the count of the batch's examples with norm at
+      most C_t (all ranks' shares summed; sensitivity 1, σ_b) are one Gaussian release of
+      multiplier ``sigma`` (1/σ² = 1/σ_s² + 1/σ_b²,
+      :mod:`dpvision.training.adaptive_clipping`), recorded once in ``ledger`` at rate q
+      after both noises are drawn (σ = 0: a non-private release, recorded as such).
+    """
+    alone = PrivacyLedger()  # the sum's own entry, replaced by the entry of both
+    noisy_step(clipped, params, release=release, ledger=alone, generator=generator, **apply)
+    workers = apply.get("workers") or Workers()
+    workers.all_reduce_([unclipped])
+    adaptive.update(
+        unclipped,
+        expected_batch_size=release.expected_batch_size,
+        generator=generator,
+        noise=sigma > 0,
+    )
+    if sigma > 0:
+        ledger.record(
+            noise_multiplier=sigma,
+            sample_rate=release.sample_rate,
+            released="DP-SGD clipped gradient sum and unclipped count (adaptive clipping)",
+            noise_source=noise_source(generator),
+        )
+    else:
+        ledger.record_non_private(
+            released="DP-SGD clipped gradient sum and unclipped count without noise"
         )

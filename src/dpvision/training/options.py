@@ -58,7 +58,7 @@ class PerformanceOptions:
 _PERFORMANCE = tuple(f.name for f in dataclasses.fields(PerformanceOptions))
 
 
-CLIPPING_MODES = ("flat", "per-layer")
+CLIPPING_MODES = ("flat", "per-layer", "adaptive")
 
 
 @dataclass(frozen=True)
@@ -93,9 +93,18 @@ class DPSGDOptions:
         on the privatised gradient (weight decay acts on the parameters only, no data).
       nesterov: Nesterov momentum for ``sgd``.
       max_grad_norm: C, the per-example clipping norm.
-      clipping_mode: ``flat`` (each example's whole gradient clipped to C) or ``per-layer``
+      clipping_mode: ``flat`` (each example's whole gradient clipped to C), ``per-layer``
         (Opacus' ``per_layer``: each of the G layers' part clipped to C/√G; the sensitivity,
-        hence the noise, stays C; :mod:`dpvision.per_example.groups`). ``dp-sgd`` only.
+        hence the noise, stays C; :mod:`dpvision.per_example.groups`) or ``adaptive``
+        (the clip norm, starting at C, follows a quantile of the per-example norms,
+        estimated privately each step; :mod:`dpvision.training.adaptive_clipping`).
+        ``dp-sgd`` only.
+      target_unclipped_quantile: ``adaptive`` only (Opacus' names from here on): γ, the
+        share of examples meant to stay unclipped.
+      clipbound_learning_rate: η, the step of the geometric update of C.
+      unclipped_num_std: σ_b, the noise on the unclipped count (unset: the expected batch
+        size over 20, as Andrew et al. suggest).
+      min_clipbound, max_clipbound: the bounds on C.
       normalize_update: divide the noisy sum by C too (jax_privacy ``rescale_to_unit_norm``).
       secure_mode: draw the noise and the Poisson batches from the operating system's
         CSPRNG (:mod:`dpvision.mechanisms.secure`; Opacus' ``secure_mode``): slower, not
@@ -133,6 +142,11 @@ class DPSGDOptions:
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     clipping_mode: str = "flat"
+    target_unclipped_quantile: float = 0.5
+    clipbound_learning_rate: float = 0.2
+    unclipped_num_std: float | None = None
+    min_clipbound: float = 1e-6
+    max_clipbound: float = 1e6
     normalize_update: bool = False
     secure_mode: bool = False
     augmult: int = 0
@@ -197,6 +211,19 @@ class DPSGDOptions:
             raise DPVisionError(
                 f"learner.clipping_mode must be one of {', '.join(CLIPPING_MODES)}, got "
                 f"{self.clipping_mode!r}"
+            )
+        if not 0 < self.target_unclipped_quantile < 1:
+            raise DPVisionError(
+                "learner.target_unclipped_quantile must be in (0, 1), got "
+                f"{self.target_unclipped_quantile}"
+            )
+        bounds = (self.clipbound_learning_rate, self.min_clipbound, self.max_clipbound)
+        if not all(value > 0 for value in bounds) or not (
+            self.unclipped_num_std is None or self.unclipped_num_std > 0
+        ):
+            raise DPVisionError(
+                "learner.clipbound_learning_rate, unclipped_num_std, min_clipbound and "
+                "max_clipbound must be > 0"
             )
         if self.steps is None and self.epochs is None:
             raise DPVisionError("give learner.steps or learner.epochs")

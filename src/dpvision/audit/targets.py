@@ -307,6 +307,11 @@ class DPSGDTarget(AuditTarget):
         if config.features != "pixels":
             raise DPVisionError("the dp-sgd audit trains on pixels: set features = pixels")
         options = config.dpsgd
+        if options.clipping_mode == "adaptive":
+            raise DPVisionError(
+                "the audit trains flat or per-layer clipping; audit adaptive clipping's "
+                "mechanism at a fixed learner.max_grad_norm (clipping_mode = 'flat')"
+            )
         if options.batch_size > public_size:
             raise DPVisionError(
                 f"learner.batch_size {options.batch_size} exceeds the audit dataset size "

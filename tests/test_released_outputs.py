@@ -39,6 +39,8 @@ JUSTIFIED = {
     "delta": PUBLIC,
     "accountant": PUBLIC,
     "noise_multiplier": "calibrated from public quantities (ε, δ, q, T)",
+    "final_clip_norm": "adaptive clipping: post-processing of the noisy unclipped counts "
+    "(None with a fixed C)",
     "steps": "public: from the config and n",
     "sample_rate": "public: B/n",
     "privacy_ledger": "the list of releases that ran (their parameters, not their values)",

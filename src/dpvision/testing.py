@@ -43,8 +43,8 @@ from dpvision.accounting import PrivacyLedger
 from dpvision.errors import DPVisionError
 from dpvision.learners.base import DPLinearClassifier
 from dpvision.mechanisms import Release, observing_releases
+from dpvision.mechanisms.adaptive_clipping import AdaptiveClipping
 from dpvision.privacy_engine import PrivacyEngine
-from dpvision.training.adaptive_clipping import AdaptiveClipping
 from dpvision.training.engine import DPSGDStep
 
 Data = tuple[Any, ...]

@@ -17,7 +17,8 @@ from dpvision import PrivacyEngine
 from dpvision.accounting import PrivacyLedger
 from dpvision.cli import main
 from dpvision.errors import DPVisionError
-from dpvision.testing import check_sensitivity, dpsgd_release
+from dpvision.learners import DPSGDLinear
+from dpvision.testing import check_sensitivity, dpsgd_release, learner_release
 from dpvision.training import AdaptiveClipping, DPSGDStep
 
 BATCH, N = 200, 20_000  # q = 0.01
@@ -182,3 +183,27 @@ def test_privacy_engine_adaptive_clipping_with_opacus_names():
             clipping="adaptive",
             unclipped_num_std=0.5,
         )
+
+
+def test_the_linear_head_learner_clips_adaptively_and_passes_the_checker():
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(300, 6)) * 5, np.arange(300) % 3
+    learner = DPSGDLinear(
+        target_epsilon=2.0, num_classes=3, clip_norm=0.01, batch_size=100, epochs=5,
+        clipping_mode="adaptive", unclipped_num_std=20.0, clipbound_learning_rate=0.5,
+        random_state=0,
+    ).fit(x, y)  # fmt: skip
+    (entry,) = learner.privacy_ledger_.entries
+    assert entry.released.endswith("(adaptive clipping)")
+    assert entry.count == 15
+    assert learner.privacy_ledger_.epsilon(1e-5) <= 2.0
+    # The C update divides the count by the public expected batch size: fixed here, as n is
+    # for the neighbours (otherwise n + 1 would change the mechanism, not the data's effect).
+    quiet = DPSGDLinear(
+        noise_multiplier=0.0, num_classes=3, clip_norm=0.5, epochs=3, clipping_mode="adaptive",
+        unclipped_num_std=5.0, expected_batch_size=20.0,
+    )  # fmt: skip
+    report = check_sensitivity(learner_release(quiet), (x[:20], y[:20]), scale=1e4)
+    assert report.ok, report.summary()
+    with pytest.raises(DPVisionError, match="clipping_mode must be"):
+        DPSGDLinear(target_epsilon=1.0, num_classes=3, clipping_mode="per-layer").fit(x, y)

@@ -13,11 +13,13 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from dpvision.accounting import PrivacyLedger
 from dpvision.averaging import ema_decay as ema_schedule
 from dpvision.errors import DPVisionError
 from dpvision.learners.base import DPLinearClassifier, PrivateFit
 from dpvision.learners.statistics import DEFAULT_CHUNK_SIZE, on_device, read_rows
-from dpvision.mechanisms import SecureRandom, clipping, release_gaussian
+from dpvision.mechanisms import AdaptiveClipping, SecureRandom, clipping, release_gaussian
+from dpvision.mechanisms.secure import noise_source
 
 LOSSES = ("softmax", "sigmoid")
 OPTIMIZERS = ("sgd", "momentum", "adam")
@@ -42,6 +44,7 @@ def clipped_gradient_sum(
     *,
     fit_intercept: bool,
     sq_norms: torch.Tensor | None = None,
+    unclipped: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Σᵢ clip(gᵢ, C) for the linear head, with gᵢ = eᵢ[xᵢ; 1]ᵀ, via one GEMM.
 
@@ -50,6 +53,8 @@ def clipped_gradient_sum(
       clip_norm: C.
       fit_intercept: whether gᵢ includes the bias part eᵢ.
       sq_norms: ‖xᵢ‖² if already known (saves a pass over x).
+      unclipped: a scalar tensor the number of examples with ‖gᵢ‖ ≤ C is added to (exact,
+        private: adaptive clipping releases it only with noise).
 
     Returns:
       (weight-gradient sum (m, d), bias-gradient sum (m,), number of non-finite per-example
@@ -62,6 +67,8 @@ def clipped_gradient_sum(
     norms = torch.linalg.vector_norm(errors, dim=1) * torch.sqrt(sq_norms)
     finite = torch.isfinite(norms)  # a non-finite entry of xᵢ or eᵢ makes its norm non-finite
     bad = int((~finite).sum())
+    if unclipped is not None:
+        unclipped += (norms <= clip_norm).sum().to(unclipped.dtype)
     scale = clipping.clip_factors(norms, clip_norm)
     if bad:
         x = torch.where(finite.unsqueeze(1), x, torch.zeros_like(x))
@@ -113,6 +120,14 @@ class DPSGDLinear(DPLinearClassifier):
       ema_decay: μ of an exponential moving average of the iterates (0: off), with the
         warm-up of :func:`dpvision.averaging.ema_decay`; the fitted model is then the
         average (post-processing: free).
+      clipping_mode: ``flat``, or ``adaptive``: C starts at ``clip_norm`` and follows a
+        quantile of the per-example norms (:mod:`dpvision.mechanisms.adaptive_clipping`;
+        each step also releases the unclipped count, and σ is split between the two).
+      target_unclipped_quantile: ``adaptive`` only, γ (Opacus' names, as in ``dpvision
+        train``'s DP-SGD options).
+      clipbound_learning_rate: η of the geometric update of C.
+      unclipped_num_std: σ_b of the count (default: the expected batch size over 20).
+      min_clipbound, max_clipbound: the bounds on C.
 
     Privacy:
       T releases of Σ_{i∈batch} clip(gᵢ, C) + N(0, (σC)² I), the batch Poisson-sampled at
@@ -148,6 +163,12 @@ class DPSGDLinear(DPLinearClassifier):
         steps: int | None = None,
         expected_batch_size: float | None = None,
         ema_decay: float = 0.0,
+        clipping_mode: str = "flat",
+        target_unclipped_quantile: float = 0.5,
+        clipbound_learning_rate: float = 0.2,
+        unclipped_num_std: float | None = None,
+        min_clipbound: float = 1e-6,
+        max_clipbound: float = 1e6,
     ) -> None:
         self.target_epsilon = target_epsilon
         self.target_delta = target_delta
@@ -172,6 +193,30 @@ class DPSGDLinear(DPLinearClassifier):
         self.steps = steps
         self.expected_batch_size = expected_batch_size
         self.ema_decay = ema_decay
+        self.clipping_mode = clipping_mode
+        self.target_unclipped_quantile = target_unclipped_quantile
+        self.clipbound_learning_rate = clipbound_learning_rate
+        self.unclipped_num_std = unclipped_num_std
+        self.min_clipbound = min_clipbound
+        self.max_clipbound = max_clipbound
+
+    def _adaptive(self, expected_batch: float) -> AdaptiveClipping | None:
+        """The adaptive clip norm of ``clipping_mode = "adaptive"`` (None: flat)."""
+        if self.clipping_mode == "flat":
+            return None
+        if self.clipping_mode != "adaptive":
+            raise DPVisionError(
+                f"clipping_mode must be 'flat' or 'adaptive', got {self.clipping_mode!r}"
+            )
+        std = self.unclipped_num_std
+        return AdaptiveClipping(
+            initial=float(self.clip_norm),
+            count_noise=expected_batch / 20 if std is None else float(std),
+            target_quantile=self.target_unclipped_quantile,
+            learning_rate=self.clipbound_learning_rate,
+            min_clip=self.min_clipbound,
+            max_clip=self.max_clipbound,
+        )
 
     def _sample_rate(self, n: int) -> float:
         if self.sample_rate is not None:
@@ -231,7 +276,13 @@ class DPSGDLinear(DPLinearClassifier):
             uniforms = np.random.default_rng(seed).random
         sq_norms = row_sq_norms(features, self.chunk_size)
         all_rows = np.arange(n)
+        adaptive = self._adaptive(expected_batch)
+        sum_sigma = sigma
+        if adaptive is not None and sigma is not None:
+            sum_sigma = adaptive.sum_noise_multiplier(sigma)  # the count takes the rest
         for step in range(steps):
+            clip = self.clip_norm if adaptive is None else adaptive.clip
+            unclipped = None if adaptive is None else torch.zeros((), dtype=torch.float64)
             # Poisson sampling: every example joins independently with probability q.
             batch = np.flatnonzero(uniforms(n) < q) if q < 1 else all_rows
             batch = workers.split(batch)  # this rank's share; the sums are all-reduced below
@@ -245,9 +296,10 @@ class DPSGDLinear(DPLinearClassifier):
                 gw, gb, _ = clipped_gradient_sum(
                     x,
                     errors,
-                    self.clip_norm,
+                    clip,
                     fit_intercept=self.fit_intercept,
                     sq_norms=sq_norms[on_device(torch.from_numpy(index))],
+                    unclipped=unclipped,
                 )
                 grad_w += gw
                 grad_b += gb
@@ -255,13 +307,15 @@ class DPSGDLinear(DPLinearClassifier):
             flat = torch.cat([grad_w.reshape(-1), grad_b])
             flat = release_gaussian(
                 flat,
-                l2_sensitivity=self.clip_norm,
-                noise_multiplier=sigma,
-                ledger=ledger,
+                l2_sensitivity=clip,
+                noise_multiplier=sum_sigma,
+                ledger=ledger if adaptive is None else PrivacyLedger(),
                 released="linear-head clipped gradient sum",
                 sample_rate=q,
                 generator=generator,
             )
+            if adaptive is not None and unclipped is not None:
+                self._release_count(adaptive, unclipped, fit, q, expected_batch)
             update = self._optimizer_step(flat / expected_batch, state, step)
             weight -= update[: weight.numel()].reshape(weight.shape)
             if self.fit_intercept:
@@ -270,7 +324,42 @@ class DPSGDLinear(DPLinearClassifier):
                 mu = ema_schedule(self.ema_decay, step)
                 for mean, value in zip(average, (weight, bias), strict=True):
                     mean.mul_(mu).add_(value, alpha=1 - mu)
+        # Adaptive clipping: the last clip norm (post-processing of the noisy counts).
+        self.final_clip_norm_ = None if adaptive is None else adaptive.clip
         return average if average is not None else (weight, bias)
+
+    @staticmethod
+    def _release_count(
+        adaptive: AdaptiveClipping,
+        unclipped: torch.Tensor,
+        fit: PrivateFit,
+        sample_rate: float,
+        expected_batch: float,
+    ) -> None:
+        """Adaptive clipping: releases the unclipped count and moves C; records the sum and
+        the count as the one Gaussian release of σ they are together.
+
+        Privacy: see :mod:`dpvision.mechanisms.adaptive_clipping` (count sensitivity 1,
+        noise σ_b; with the sum's σ_s, one release of multiplier σ).
+        """
+        _, sigma, ledger, generator, workers = fit.unpack()
+        workers.all_reduce_([unclipped])
+        adaptive.update(
+            unclipped,
+            expected_batch_size=expected_batch,
+            generator=generator,
+            noise=sigma is not None,
+        )
+        released = "linear-head clipped gradient sum and unclipped count (adaptive clipping)"
+        if sigma is None:
+            ledger.record_non_private(released=f"{released} (noise off)")
+        else:
+            ledger.record(
+                noise_multiplier=sigma,
+                sample_rate=sample_rate,
+                released=released,
+                noise_source=noise_source(generator),
+            )
 
     def _optimizer_step(
         self, grad: torch.Tensor, state: dict[str, torch.Tensor], step: int

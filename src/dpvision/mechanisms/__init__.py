@@ -5,6 +5,7 @@ them. Each function here takes the L2 sensitivity of the value it privatises and
 the noise from it, so the sensitivity is stated once, next to the value it bounds.
 """
 
+from dpvision.mechanisms.adaptive_clipping import AdaptiveClipping
 from dpvision.mechanisms.clipping import clip_factors, clip_rows
 from dpvision.mechanisms.noise import (
     Release,
@@ -21,6 +22,7 @@ from dpvision.mechanisms.sampling import PoissonSampler
 from dpvision.mechanisms.secure import SecureRandom
 
 __all__ = [
+    "AdaptiveClipping",
     "PoissonSampler",
     "Release",
     "SecureRandom",

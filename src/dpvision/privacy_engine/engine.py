@@ -12,6 +12,7 @@ from dpvision.accounting import PrivacyLedger, calibrate_noise_multiplier, parse
 from dpvision.accounting.accountants import Accountant
 from dpvision.errors import DPVisionError
 from dpvision.mechanisms import PoissonSampler, SecureRandom
+from dpvision.mechanisms.adaptive_clipping import AdaptiveClipping
 from dpvision.mechanisms.noise import NoiseGenerator
 from dpvision.models import validate_model
 from dpvision.per_example.bookkeeping import unsupported_layers
@@ -25,7 +26,6 @@ from dpvision.privacy_engine.data_loader import (
 )
 from dpvision.privacy_engine.module import PrivateModule
 from dpvision.privacy_engine.optimizer import DPOptimizer
-from dpvision.training.adaptive_clipping import AdaptiveClipping
 
 LOSS_REDUCTIONS = ("mean", "sum")
 CLIPPINGS = ("flat", "per_layer", "adaptive")
@@ -124,7 +124,7 @@ class PrivacyEngine:
           clipping: ``flat``, or ``per_layer`` (:mod:`dpvision.per_example.groups`: the
             part of each example's gradient in layer g is clipped to C_g; sensitivity and
             noise scale √(Σ C_g²)). Unlike Opacus, a layer's weight and bias are one group.
-            Or ``adaptive`` (:mod:`dpvision.training.adaptive_clipping`): C starts at
+            Or ``adaptive`` (:mod:`dpvision.mechanisms.adaptive_clipping`): C starts at
             ``max_grad_norm`` and follows the ``target_unclipped_quantile`` of the
             per-example norms (steps of ``clipbound_learning_rate``, within
             [``min_clipbound``, ``max_clipbound``]), from a count released each step with

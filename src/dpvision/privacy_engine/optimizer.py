@@ -10,13 +10,13 @@ from torch import nn
 
 from dpvision.accounting import PrivacyLedger
 from dpvision.errors import DPVisionError
+from dpvision.mechanisms.adaptive_clipping import AdaptiveClipping
 from dpvision.mechanisms.noise import NoiseGenerator
 from dpvision.per_example.bookkeeping import clip_terms, trainable_params, unclipped_mismatch
 from dpvision.per_example.groups import GroupNorms
 from dpvision.per_example.layers import layer_terms
 from dpvision.per_example.reference import ClippedGradientSum
 from dpvision.per_example.tape import ActivationTape, UnsupportedError
-from dpvision.training.adaptive_clipping import AdaptiveClipping
 from dpvision.training.engine import (
     GradientRelease,
     ParameterEMA,
@@ -49,7 +49,7 @@ class DPOptimizer(torch.optim.Optimizer):
       groups: per-layer clip norms (``clipping="per_layer"``); C is then √(Σ C_g²).
       adaptive: adaptive clipping (``clipping="adaptive"``): C follows a quantile of the
         per-example norms; each step also releases the unclipped count, and σ is split
-        between the sum and the count (:mod:`dpvision.training.adaptive_clipping`).
+        between the sum and the count (:mod:`dpvision.mechanisms.adaptive_clipping`).
 
     Privacy:
       Each logical step releases Σᵢ clip(gᵢ, C) + N(0, (σC)² I) over the examples of one

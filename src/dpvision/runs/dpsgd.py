@@ -40,6 +40,7 @@ from dpvision.features.backbone import encoder_digest
 from dpvision.features.preprocessing import FittedPreprocessing, preprocess
 from dpvision.log import progress, say
 from dpvision.mechanisms import PoissonSampler, SecureRandom
+from dpvision.mechanisms.adaptive_clipping import AdaptiveClipping
 from dpvision.models.encoder import load_into
 from dpvision.models.finetune import apply_finetune
 from dpvision.models.registry import build_network, is_external, prepare_for_dp
@@ -48,7 +49,6 @@ from dpvision.models.weights import check_trained_on, load_weights
 from dpvision.per_example import per_layer
 from dpvision.runs.saved import TrainedModel, privacy_of
 from dpvision.runs.transfer import transfer_plan
-from dpvision.training.adaptive_clipping import AdaptiveClipping
 from dpvision.training.batching import micro_batches
 from dpvision.training.checkpoint import (
     TrainingState,

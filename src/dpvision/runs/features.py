@@ -123,6 +123,7 @@ def run_features(
         "delta": config.delta,
         "accountant": config.accountant or _auto_accountant(learner.privacy_ledger_),
         "noise_multiplier": learner.noise_multiplier_,
+        "final_clip_norm": getattr(learner, "final_clip_norm_", None),
         "steps": learner.privacy_ledger_.total_count - prior.total_count,
         "sample_rate": own[-1].sample_rate,
         "n_train": len(train_labels),

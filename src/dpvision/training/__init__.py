@@ -13,7 +13,7 @@ Per-example clipping itself lives in :mod:`dpvision.per_example`.
 """
 
 from dpvision.averaging import ema_decay
-from dpvision.training.adaptive_clipping import AdaptiveClipping
+from dpvision.mechanisms.adaptive_clipping import AdaptiveClipping
 from dpvision.training.engine import (
     DPSGDStep,
     GradientRelease,

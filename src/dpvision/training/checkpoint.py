@@ -27,8 +27,8 @@ from dpvision.distributed import Workers
 from dpvision.errors import DPVisionError
 from dpvision.fileio import atomic_open, differing_keys, load_torch
 from dpvision.mechanisms import PoissonSampler
+from dpvision.mechanisms.adaptive_clipping import AdaptiveClipping
 from dpvision.mechanisms.noise import NoiseGenerator
-from dpvision.training.adaptive_clipping import AdaptiveClipping
 from dpvision.training.engine import ParameterEMA
 
 CHECKPOINT_FORMAT = "dpvision-dpsgd-checkpoint-v1"

@@ -24,11 +24,11 @@ from dpvision.averaging import ema_decay
 from dpvision.distributed import Workers
 from dpvision.errors import DPVisionError
 from dpvision.mechanisms import gaussian_noise, observe_release, report_released
+from dpvision.mechanisms.adaptive_clipping import AdaptiveClipping
 from dpvision.mechanisms.noise import NoiseGenerator
 from dpvision.mechanisms.secure import noise_source
 from dpvision.per_example import CLIPPING_METHODS, ClippedGradientSum, clip_and_sum
 from dpvision.per_example.groups import GroupNorms
-from dpvision.training.adaptive_clipping import AdaptiveClipping
 
 RELEASED = "DP-SGD clipped gradient sum"
 
@@ -350,7 +350,7 @@ def adaptive_noisy_step(
       The sum (sensitivity C_t, σ_s) and the count of the batch's examples with norm at
       most C_t (all ranks' shares summed; sensitivity 1, σ_b) are one Gaussian release of
       multiplier ``sigma`` (1/σ² = 1/σ_s² + 1/σ_b²,
-      :mod:`dpvision.training.adaptive_clipping`), recorded once in ``ledger`` at rate q
+      :mod:`dpvision.mechanisms.adaptive_clipping`), recorded once in ``ledger`` at rate q
       after both noises are drawn (σ = 0: a non-private release, recorded as such).
     """
     alone = PrivacyLedger()  # the sum's own entry, replaced by the entry of both

@@ -97,7 +97,7 @@ class DPSGDOptions:
         (Opacus' ``per_layer``: each of the G layers' part clipped to C/√G; the sensitivity,
         hence the noise, stays C; :mod:`dpvision.per_example.groups`) or ``adaptive``
         (the clip norm, starting at C, follows a quantile of the per-example norms,
-        estimated privately each step; :mod:`dpvision.training.adaptive_clipping`).
+        estimated privately each step; :mod:`dpvision.mechanisms.adaptive_clipping`).
         ``dp-sgd`` only.
       target_unclipped_quantile: ``adaptive`` only (Opacus' names from here on): γ, the
         share of examples meant to stay unclipped.

@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dpvision.errors import DPVisionError
-from dpvision.mechanisms import gaussian_noise, observe_release
-from dpvision.mechanisms.noise import NoiseGenerator
+from dpvision.mechanisms.noise import NoiseGenerator, gaussian_noise, observe_release
 
 
 @dataclass

@@ -19,7 +19,6 @@ from dpvision.errors import DPVisionError
 from dpvision.learners.base import DPLinearClassifier, PrivateFit
 from dpvision.learners.statistics import DEFAULT_CHUNK_SIZE, on_device, read_rows
 from dpvision.mechanisms import AdaptiveClipping, SecureRandom, clipping, release_gaussian
-from dpvision.mechanisms.secure import noise_source
 
 LOSSES = ("softmax", "sigmoid")
 OPTIMIZERS = ("sgd", "momentum", "adam")
@@ -315,7 +314,16 @@ class DPSGDLinear(DPLinearClassifier):
                 generator=generator,
             )
             if adaptive is not None and unclipped is not None:
-                self._release_count(adaptive, unclipped, fit, q, expected_batch)
+                workers.all_reduce_([unclipped])
+                adaptive.release(
+                    unclipped,
+                    sigma=sigma,
+                    sample_rate=q,
+                    expected_batch_size=expected_batch,
+                    ledger=ledger,
+                    generator=generator,
+                    released="linear-head clipped gradient sum",
+                )
             update = self._optimizer_step(flat / expected_batch, state, step)
             weight -= update[: weight.numel()].reshape(weight.shape)
             if self.fit_intercept:
@@ -327,39 +335,6 @@ class DPSGDLinear(DPLinearClassifier):
         # Adaptive clipping: the last clip norm (post-processing of the noisy counts).
         self.final_clip_norm_ = None if adaptive is None else adaptive.clip
         return average if average is not None else (weight, bias)
-
-    @staticmethod
-    def _release_count(
-        adaptive: AdaptiveClipping,
-        unclipped: torch.Tensor,
-        fit: PrivateFit,
-        sample_rate: float,
-        expected_batch: float,
-    ) -> None:
-        """Adaptive clipping: releases the unclipped count and moves C; records the sum and
-        the count as the one Gaussian release of σ they are together.
-
-        Privacy: see :mod:`dpvision.mechanisms.adaptive_clipping` (count sensitivity 1,
-        noise σ_b; with the sum's σ_s, one release of multiplier σ).
-        """
-        _, sigma, ledger, generator, workers = fit.unpack()
-        workers.all_reduce_([unclipped])
-        adaptive.update(
-            unclipped,
-            expected_batch_size=expected_batch,
-            generator=generator,
-            noise=sigma is not None,
-        )
-        released = "linear-head clipped gradient sum and unclipped count (adaptive clipping)"
-        if sigma is None:
-            ledger.record_non_private(released=f"{released} (noise off)")
-        else:
-            ledger.record(
-                noise_multiplier=sigma,
-                sample_rate=sample_rate,
-                released=released,
-                noise_source=noise_source(generator),
-            )
 
     def _optimizer_step(
         self, grad: torch.Tensor, state: dict[str, torch.Tensor], step: int

@@ -23,8 +23,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dpvision.accounting import PrivacyLedger
 from dpvision.errors import DPVisionError
 from dpvision.mechanisms.noise import NoiseGenerator, gaussian_noise, observe_release
+from dpvision.mechanisms.secure import noise_source
 
 
 @dataclass
@@ -112,6 +114,45 @@ class AdaptiveClipping:
         moved = self.clip * math.exp(-self.learning_rate * (share - self.target_quantile))
         self.clip = min(self.max_clip, max(self.min_clip, moved))
         return self.clip
+
+    def unclipped(self, norms: torch.Tensor) -> torch.Tensor:
+        """The number of per-example norms at most C_t (exact and private: release it only
+        through :meth:`release`)."""
+        return (norms <= self.clip).sum().to(torch.float64).cpu()
+
+    def release(
+        self,
+        unclipped: torch.Tensor,
+        *,
+        sigma: float | None,
+        sample_rate: float,
+        expected_batch_size: float,
+        ledger: PrivacyLedger,
+        generator: NoiseGenerator,
+        released: str,
+    ) -> None:
+        """Releases the step's unclipped count (all ranks' shares already summed), moves C
+        (:meth:`update`), and records the clipped sum released with σ_s and this count as
+        the one Gaussian release of multiplier ``sigma`` they are together (None or 0: the
+        noise is off, recorded as a non-private release).
+
+        Privacy: see the module docstring; the entry is written after both noises are drawn.
+        """
+        noise = bool(sigma)
+        self.update(
+            unclipped, expected_batch_size=expected_batch_size, generator=generator, noise=noise
+        )
+        name = f"{released} and unclipped count (adaptive clipping)"
+        if not noise:
+            ledger.record_non_private(released=f"{name} without noise")
+            return
+        assert sigma is not None
+        ledger.record(
+            noise_multiplier=sigma,
+            sample_rate=sample_rate,
+            released=name,
+            noise_source=noise_source(generator),
+        )
 
     def state_dict(self) -> dict[str, float]:
         """C_t, for checkpoints."""

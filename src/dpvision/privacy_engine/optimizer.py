@@ -256,8 +256,7 @@ class DPOptimizer(torch.optim.Optimizer):
             raise DPVisionError(f"PrivacyEngine does not support {error}") from None
         self.summed.add_(clipped)
         if self.adaptive is not None:  # exact and private: only its noisy release is used
-            unclipped = (clipped.norms <= self.max_grad_norm).sum().to(torch.float64).cpu()
-            self._unclipped = self._unclipped + unclipped
+            self._unclipped = self._unclipped + self.adaptive.unclipped(clipped.norms)
 
     def _release(self) -> None:
         """The one DP-SGD update (:func:`~dpvision.training.engine.noisy_step`) of the

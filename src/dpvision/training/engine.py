@@ -315,7 +315,7 @@ class DPSGDStep:
             )
             total.add_(part)
             if adaptive is not None:  # exact and private: only its noisy release is used
-                unclipped += (part.norms <= clip).sum().to(unclipped.dtype)
+                unclipped += adaptive.unclipped(part.norms).to(unclipped.device)
         apply = {
             "optimizer": self.optimizer,
             "ledger": self.ledger,
@@ -355,22 +355,13 @@ def adaptive_noisy_step(
     """
     alone = PrivacyLedger()  # the sum's own entry, replaced by the entry of both
     noisy_step(clipped, params, release=release, ledger=alone, generator=generator, **apply)
-    workers = apply.get("workers") or Workers()
-    workers.all_reduce_([unclipped])
-    adaptive.update(
+    (apply.get("workers") or Workers()).all_reduce_([unclipped])
+    adaptive.release(
         unclipped,
+        sigma=sigma,
+        sample_rate=release.sample_rate,
         expected_batch_size=release.expected_batch_size,
+        ledger=ledger,
         generator=generator,
-        noise=sigma > 0,
+        released=release.released,
     )
-    if sigma > 0:
-        ledger.record(
-            noise_multiplier=sigma,
-            sample_rate=release.sample_rate,
-            released="DP-SGD clipped gradient sum and unclipped count (adaptive clipping)",
-            noise_source=noise_source(generator),
-        )
-    else:
-        ledger.record_non_private(
-            released="DP-SGD clipped gradient sum and unclipped count without noise"
-        )

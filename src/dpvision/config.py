@@ -54,6 +54,7 @@ from dpvision.errors import DPVisionError
 from dpvision.features.preprocessing import PREPROCESSING, PreprocessingConfig
 from dpvision.learners import LEARNERS
 from dpvision.learners.options import check_learner_options
+from dpvision.mechanisms.secret import check_secret_seed
 from dpvision.recipes import AUTO, RECIPE_METHOD, default_features, default_preprocessing
 from dpvision.training.options import DPSGDOptions
 from dpvision.training.pretrain import PretrainOptions
@@ -89,18 +90,32 @@ class TrainConfig:
       delta: the target δ.
       noise_multiplier: σ instead of a target ε (``0``: no noise).
       accountant: ``pld``, ``rdp``, ``gaussian``, ``classic-rdp`` or ``None`` (tightest valid).
-      seed: seeds the noise and any sampling.
+      seed: the *public* seed (published with the config): weight initialisation,
+        augmentation draws, synthetic images, data order. Never the noise, the sampling or
+        the splits' coins (``docs/guarantees.md``).
+      secret_seed: makes the secret randomness (noise, Poisson sampling, the validation
+        split's coins, tune's draws) replayable, for research; ``None`` (the default): 256
+        bits of fresh OS entropy every run (:mod:`dpvision.mechanisms.secret`). Never
+        written to any output; a guessable secret seed protects nothing.
       device: where the run computes: ``auto`` (the default: CUDA when torch sees it, else
         the CPU), ``cpu``, ``cuda`` or ``cuda:N`` (:mod:`dpvision.devices`).
       precision: ``fp32`` (the default) or ``bf16``: the forward and backward passes of
         ``dp-sgd``/``dp-randp`` under autocast, the norms, clipping and noise in float32.
       validation_fraction: the share of the training examples held out as a validation
-        split (seeded; :mod:`dpvision.data.validation`): ``eval_every`` and the result's
-        ``validation_accuracy`` use it and the test set is evaluated once, at the end.
-        0 (the default, as in the papers): train on all of them.
+        split (a secret keyed hash of each example; :mod:`dpvision.data.splits`):
+        ``eval_every`` and the result's ``validation_accuracy`` use it and the test set is
+        evaluated once, at the end. 0 (the default, as in the papers): train on all of them.
+      validation: ``private`` (the default): validation accuracies are noisy counts of
+        correct held-out examples (sensitivity 1), in the ledger and within the target ε;
+        ``public``: the held-out rows are declared public and their exact accuracies are
+        released (the result says so).
+      validation_noise: σ_v, the std of the noise on each validation count; ``None``: all
+        of the run's validation counts together cost a tenth of the target ε
+        (:mod:`dpvision.runs.validation`).
       public_fraction: the share of the training examples declared public and left out of
-        the private run (:mod:`dpvision.data.public`: a fixed split, the one ``dpvision
-        pretrain --public-fraction`` trains on); 0 (the default): all are private.
+        the private run (:mod:`dpvision.data.splits`: a fixed, published keyed hash of each
+        example, the one ``dpvision pretrain --public-fraction`` trains on); 0 (the
+        default): all are private.
       preprocessing: see :class:`PreprocessingConfig`.
       learner: keyword arguments of the learner's estimator (validated against it).
       pretrain: ``dp-randp``: Phase I options, used when ``learner.encoder`` is unset
@@ -121,9 +136,12 @@ class TrainConfig:
     noise_multiplier: float | None = None
     accountant: str | None = None
     seed: int = 0
+    secret_seed: int | None = dataclasses.field(default=None, repr=False)
     device: str = "auto"
     precision: str = "fp32"
     validation_fraction: float = 0.0
+    validation: str = "private"
+    validation_noise: float | None = None
     public_fraction: float = 0.0
     preprocessing: PreprocessingConfig = field(default_factory=PreprocessingConfig)
     learner: dict[str, Any] = field(default_factory=dict)
@@ -131,7 +149,15 @@ class TrainConfig:
     reference: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The config as published (result JSON, model file): without ``secret_seed``."""
+        data = dataclasses.asdict(self)
+        del data["secret_seed"]
+        return data
+
+    @property
+    def validation_is_public(self) -> bool:
+        """Whether the held-out rows are declared public (exact accuracies released)."""
+        return self.validation == "public"
 
     def load_dataset(self) -> ImageDataset:
         """The dataset of this run, its classes and channels fixed by the config or the
@@ -177,13 +203,16 @@ _NUMBER_FIELDS = {
     "epsilon",
     "delta",
     "noise_multiplier",
+    "validation_noise",
     "mean_clip",
     "square_clip",
     "clip_norm",
 }
-_INT_FIELDS = {"seed", "groups", "channels", "num_classes", "image_channels"}
+_INT_FIELDS = {"seed", "secret_seed", "groups", "channels", "num_classes", "image_channels"}
 _OPTIONAL = {
     "data_dir",
+    "secret_seed",
+    "validation_noise",
     "epsilon",
     "noise_multiplier",
     "accountant",
@@ -280,6 +309,21 @@ def validate(config: TrainConfig) -> TrainConfig:
         raise DPVisionError(f"public_fraction must be in [0, 1), got {config.public_fraction}")
     if not 0 <= config.seed < 2**63:
         raise DPVisionError(f"seed must be a whole number in [0, 2**63), got {config.seed}")
+    check_secret_seed(config.secret_seed)
+    if config.secret_seed is not None and config.secure_mode:
+        raise DPVisionError(
+            "secret_seed replays a run, learner.secure_mode draws from the OS CSPRNG and cannot "
+            "be replayed: give one of them"
+        )
+    if config.validation not in ("private", "public"):
+        raise DPVisionError(
+            f"validation must be 'private' (noisy accuracies) or 'public' (the held-out rows "
+            f"are declared public), got {config.validation!r}"
+        )
+    if config.validation_noise is not None and not (
+        math.isfinite(config.validation_noise) and config.validation_noise > 0
+    ):
+        raise DPVisionError(f"validation_noise must be > 0, got {config.validation_noise}")
     config = _resolve_auto(
         dataclasses.replace(
             config, device=parse_device(config.device), precision=parse_precision(config.precision)
@@ -498,12 +542,14 @@ def resolve(
 
 
 def override(config: TrainConfig, items: list[str]) -> TrainConfig:
-    """A copy of ``config`` with ``--set``-style ``key=value`` items applied, validated."""
+    """A copy of ``config`` with ``--set``-style ``key=value`` items applied, validated
+    (the secret seed carried over, never through the published dict)."""
     raw = config.to_dict()
     for item in items:
         path, value = parse_override(item)
         _assign(raw, path, value, f"--set {item}")
-    return validate(_build(TrainConfig, raw, "config"))
+    built = dataclasses.replace(_build(TrainConfig, raw, "config"), secret_seed=config.secret_seed)
+    return validate(built)
 
 
 # A target ε and a fixed σ exclude each other: one given on the command line replaces the

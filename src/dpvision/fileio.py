@@ -37,20 +37,23 @@ def load_torch(path: str | Path) -> Any:
 
 
 @contextmanager
-def atomic_open(path: str | Path, mode: str = "w") -> Iterator[IO[Any]]:
+def atomic_open(path: str | Path, mode: str = "w", *, private: bool = False) -> Iterator[IO[Any]]:
     """Opens a temporary file beside ``path`` that replaces it only when the block succeeds.
 
     The data are flushed and fsynced before the rename, so ``path`` is either the old file
     or the whole new one, never half-written; on any error the temporary file is removed.
+    ``private``: the file stays readable by its owner only (mode 0600), as a checkpoint
+    holding the run's secret randomness must.
     """
     path = Path(path)
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise DPVisionError(f"cannot write {path}: folder {folder} does not exist")
     handle, temporary = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(temporary, 0o666 & ~umask)  # mkstemp makes 0600; give the usual permissions
+    if not private:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)  # mkstemp makes 0600; give the usual permissions
     try:
         with os.fdopen(handle, mode) as out:
             yield out

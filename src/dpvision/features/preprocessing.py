@@ -5,11 +5,9 @@ normalisation (:mod:`dpvision.features.normalization`), as the ``[preprocessing]
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from dpvision.accounting import PrivacyLedger
 from dpvision.features.normalization import PrivateCentering, PrivateNormalizer, group_normalize
-from dpvision.mechanisms import SecureRandom
 from dpvision.mechanisms.noise import NoiseGenerator
 
 
@@ -76,15 +74,15 @@ def preprocess(
     test: np.ndarray,
     channels: int,
     ledger: PrivacyLedger,
-    seed: int,
+    generator: NoiseGenerator,
     *,
     noise_off: bool = False,
-    secure: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, FittedPreprocessing]:
     """Applies ``pre`` to train and test features, recording private steps in ``ledger``;
     returns them and the fitted preprocessing (for new features).
 
-    ``secure``: the noise comes from the operating system's CSPRNG (``seed`` unused).
+    ``generator``: the noise's, a stream of the run's secret randomness (or the secure
+    mode's CSPRNG).
     ``noise_off``: the run is a non-private baseline (ε = ∞ or σ = 0); the private
     statistics are then computed without noise and recorded as non-private.
 
@@ -95,7 +93,6 @@ def preprocess(
       features are only transformed with those released statistics.
     """
     sigma = 0.0 if noise_off else pre.noise_multiplier
-    generator: NoiseGenerator = SecureRandom() if secure else torch.Generator().manual_seed(seed)
     statistics: dict[str, np.ndarray] = {}
     if pre.kind == "private-norm":
         normalizer = PrivateNormalizer(

@@ -15,6 +15,11 @@ and draws the same augmentations, clips its contiguous share, and the clipped su
 all-reduced before the one noise draw; the run, its checkpoints and its ledger are those of
 one process with the same seed (up to the order of float additions), so a run may also be
 resumed with another number of processes. Rank 0 alone writes the checkpoint.
+
+Randomness: the public ``seed`` draws the initialisation and the augmentations; the noise,
+the Poisson batches, the private preprocessing's noise, the validation split and its noisy
+counts come from the run's secret randomness (:mod:`dpvision.mechanisms.secret`), shared by
+every rank and kept in the checkpoint (mode 0600).
 """
 
 import copy
@@ -32,15 +37,16 @@ from dpvision.accounting import PrivacyLedger, calibrate_noise_multiplier, defau
 from dpvision.config import TrainConfig
 from dpvision.data.datasets import same_dataset
 from dpvision.data.inputs import DATASET_STATISTICS, LazyInputs, TrainingData, lazy_pixel_inputs
-from dpvision.data.public import training_rows
+from dpvision.data.splits import training_rows
 from dpvision.distributed import Workers, current
 from dpvision.errors import DPVisionError
 from dpvision.features import feature_shape, load_or_extract, parse_feature_spec
 from dpvision.features.backbone import encoder_digest
 from dpvision.features.preprocessing import FittedPreprocessing, preprocess
 from dpvision.log import progress, say
-from dpvision.mechanisms import PoissonSampler, SecureRandom
+from dpvision.mechanisms import PoissonSampler
 from dpvision.mechanisms.adaptive_clipping import AdaptiveClipping
+from dpvision.mechanisms.secret import SecretRandomness
 from dpvision.models.encoder import load_into
 from dpvision.models.finetune import apply_finetune
 from dpvision.models.registry import build_network, is_external, prepare_for_dp
@@ -49,9 +55,11 @@ from dpvision.models.weights import check_trained_on, load_weights
 from dpvision.per_example import per_layer
 from dpvision.runs.saved import TrainedModel, privacy_of
 from dpvision.runs.transfer import transfer_plan
+from dpvision.runs.validation import ValidationRelease
 from dpvision.training.batching import micro_batches
 from dpvision.training.checkpoint import (
     TrainingState,
+    checkpoint_secret,
     fingerprint,
     resume,
     save_checkpoint,
@@ -67,8 +75,9 @@ PROGRESS_SECONDS = 30  # a progress line at least this often
 
 
 def run_seeds(seed: int) -> dict[str, int]:
-    """Independent seeds for each source of randomness, derived from the run's seed."""
-    names = ("preprocessing", "init", "sampler", "noise", "augment")
+    """Independent seeds for the *public* randomness (initialisation, augmentation), derived
+    from the run's public seed; the noise and the sampling never come from it."""
+    names = ("init", "augment")
     states = np.random.SeedSequence([seed, 4]).generate_state(len(names), dtype=np.uint64)
     return {name: int(value) % 2**63 for name, value in zip(names, states, strict=True)}
 
@@ -94,7 +103,12 @@ def run_settings(config: TrainConfig) -> dict[str, Any]:
 
 
 def run_dpsgd(
-    config: TrainConfig, *, quiet: bool = False, checkpoint: str | Path | None = None
+    config: TrainConfig,
+    *,
+    quiet: bool = False,
+    checkpoint: str | Path | None = None,
+    secret: SecretRandomness | None = None,
+    validation: ValidationRelease | None = None,
 ) -> tuple[dict[str, Any], TrainedModel]:
     """Trains one DP-SGD configuration; returns the result dict (DESIGN.md contract) and
     the trained model (the EMA parameters where the run keeps an EMA).
@@ -104,15 +118,21 @@ def run_dpsgd(
       quiet: no progress lines on stderr.
       checkpoint: a checkpoint file; resumed from when it exists, written every
         ``learner.checkpoint_every`` steps and at the end.
+      secret: the run's secret randomness (None: from ``config.secret_seed``, else fresh);
+        a checkpoint's replaces it.
+      validation: tune's selection mode (:mod:`dpvision.runs.validation`).
 
     Privacy:
       Every logical step releases the noisy clipped gradient sum (sensitivity C, σ, rate q)
       and is recorded in the ledger; private preprocessing (``private-norm``) is recorded
-      before. The reported ε is the ledger's at ``config.delta``; with a target ε the σ is
-      calibrated so that it never exceeds the target.
+      before, and the noisy validation counts (:mod:`dpvision.runs.validation`). The reported
+      ε is the ledger's at ``config.delta``; with a target ε the σ is calibrated so that it
+      never exceeds the target.
     """
     start = time.perf_counter()
-    run = _Run.start(config, quiet, None if checkpoint is None else Path(checkpoint))
+    path = None if checkpoint is None else Path(checkpoint)
+    secret = secret or SecretRandomness(config.secret_seed, secure=config.secure_mode)
+    run = _Run.start(config, quiet, path, secret, validation)
     loop_start = time.perf_counter()
     while run.state.sampler.step < run.steps:
         run.train_step()
@@ -139,15 +159,24 @@ class _Run:
     quiet: bool
     checkpoint: Path | None
     settings: dict[str, Any]
+    secret: SecretRandomness
+    validation: ValidationRelease
     start_info: dict[str, Any] = dataclasses.field(default_factory=dict)
     last_report: float = dataclasses.field(default_factory=time.perf_counter)
     started: float = dataclasses.field(default_factory=time.perf_counter)
     first_step: int = 0  # where this process started (after a resume)
 
     @classmethod
-    def start(cls, config: TrainConfig, quiet: bool, checkpoint: Path | None) -> "_Run":
+    def start(
+        cls,
+        config: TrainConfig,
+        quiet: bool,
+        checkpoint: Path | None,
+        secret: SecretRandomness,
+        validation: ValidationRelease | None,
+    ) -> "_Run":
         """Loads the data, calibrates σ, builds the model and the state, and resumes from
-        ``checkpoint`` when it exists."""
+        ``checkpoint`` when it exists (with the checkpoint's secret randomness)."""
         workers = current()
         if config.dpsgd.clipping_mode != "flat" and config.method != "dp-sgd":
             raise DPVisionError(
@@ -166,7 +195,11 @@ class _Run:
         options = config.dpsgd
         place = config.placement
         seeds = run_seeds(config.seed)
-        data, preprocessing = load_inputs(config, options, seeds["preprocessing"], quiet)
+        if checkpoint is not None:
+            secret = checkpoint_secret(checkpoint, workers) or secret
+        # Every rank draws the same noise and batches: rank 0's secret for all of them.
+        secret = SecretRandomness.from_state(workers.from_main(secret.state))
+        data, preprocessing = load_inputs(config, options, secret, quiet)
         data = data.to(place.device)
         num_train = len(data.train_y)
         if options.batch_size > num_train:
@@ -176,6 +209,13 @@ class _Run:
         sample_rate = options.batch_size / num_train
         steps = (
             options.steps if options.steps is not None else math.ceil(options.epochs / sample_rate)
+        )
+        released = ValidationRelease.plan(
+            config,
+            validation_count(config, options, steps, data.validation_y is not None),
+            data.ledger,
+            secret,
+            validation,
         )
         sigma = noise_multiplier_for(config, sample_rate, steps, data.ledger)
         check_memory(options, data.train_x.shape[1:], place.device)
@@ -199,14 +239,15 @@ class _Run:
                 num_examples=num_train,
                 sample_rate=sample_rate,
                 steps=steps,
-                seed=seeds["sampler"],
+                seed=secret.seed("sampler"),
                 secure=options.secure_mode,
             ),
             # On the device and checkpointed; or the CSPRNG of the secure mode.
-            noise=SecureRandom() if options.secure_mode else place.generator(seeds["noise"]),
+            noise=secret.noise("noise", place.device),
             augment=torch.Generator().manual_seed(seeds["augment"]),
             ledger=data.ledger,
             adaptive=adaptive_clipping(options, sample_rate * num_train),
+            secret=secret,
         )
         step_fn = DPSGDStep(
             model=model,
@@ -245,6 +286,8 @@ class _Run:
             quiet=quiet,
             checkpoint=checkpoint,
             settings=settings,
+            secret=secret,
+            validation=released,
             start_info=start,
         )
         run.resume()
@@ -289,11 +332,20 @@ class _Run:
 
     def evaluate(self, split: str | None = None) -> dict[str, float]:
         """Accuracies on ``split``; by default the validation split when there is one (the
-        test set is then evaluated once, at the end)."""
+        test set is then evaluated once, at the end).
+
+        Privacy: validation accuracies are released as noisy counts (one planned release
+        each, :mod:`dpvision.runs.validation`); in tune's selection mode none is shown.
+        """
         if split is None:
             split = "test" if self.data.validation_x is None else "validation"
         batch = self.options.performance.eval_batch_size
-        return evaluate(self.state.model, self.state.ema, self.data, batch, self.workers, split)
+        exact = evaluate(self.state.model, self.state.ema, self.data, batch, self.workers, split)
+        if split == "test":
+            return exact
+        n = len(self.data.validation_y) if self.data.validation_y is not None else 0
+        released = {key: self.validation.accuracy(value, n) for key, value in exact.items()}
+        return {k: v for k, v in released.items() if not math.isnan(v)}
 
     def after_step(self) -> None:
         """The phase switch, evaluation, progress and checkpoint due after a step."""
@@ -302,10 +354,13 @@ class _Run:
         if self.plan is not None and done == self.plan.phase2_steps:
             self.enter_phase(done)
             if done < self.steps:
-                history.append({"step": done, "phase": 2, **self.evaluate()})
+                # With a validation split, no extra (unplanned) validation release here.
+                metrics = self.evaluate() if self.data.validation_x is None else {}
+                history.append({"step": done, "phase": 2, **metrics})
                 say(
-                    f"Phase II done at step {done}: {format_metrics(history[-1])}; "
-                    "Phase III trains all",
+                    f"Phase II done at step {done}"
+                    + (f": {format_metrics(history[-1])}" if metrics else "")
+                    + "; Phase III trains all",
                     self.quiet,
                 )
         if performance.eval_every and done % performance.eval_every == 0 and done < self.steps:
@@ -352,7 +407,7 @@ class _Run:
         )
 
     def _validation(self, final: dict[str, float]) -> dict[str, Any]:
-        if self.data.validation_y is None:
+        if self.data.validation_y is None or self.validation.mode == "selection":
             return {}
         ema = "validation_accuracy_ema" in final
         return {
@@ -360,6 +415,7 @@ class _Run:
                 "validation_accuracy_ema" if ema else "validation_accuracy"
             ],
             "n_validation": len(self.data.validation_y),
+            **self.validation.summary(),
         }
 
     def result(self, *, wall_seconds: float, train_seconds: float) -> dict[str, Any]:
@@ -401,6 +457,7 @@ class _Run:
             # Post-processing of the releases: whether the released model blew up.
             "diverged": not all(bool(torch.isfinite(p).all()) for p in model.parameters()),
             "seed": config.seed,
+            "secret_randomness": self.secret.source,
             "wall_seconds": wall_seconds,
             "train_seconds": train_seconds,
             "world_size": self.workers.world_size,
@@ -517,21 +574,38 @@ def noise_multiplier_for(
     )
 
 
+def validation_count(
+    config: TrainConfig, options: DPSGDOptions, steps: int, has_validation: bool
+) -> int:
+    """How many validation counts a run releases: one per evaluation of the validation
+    split (every ``eval_every`` steps before the end, and the final one), two each with an
+    EMA (the raw and the averaged parameters). dp-randp's Phase II switch shows no
+    validation accuracy (its step is known only once σ is)."""
+    if not has_validation:
+        return 0
+    every = options.performance.eval_every
+    evaluations = 1 + (len(range(every, steps, every)) if every else 0)
+    return evaluations * (2 if options.ema_decay > 0 else 1)
+
+
 def load_inputs(
-    config: TrainConfig, options: DPSGDOptions, seed: int, quiet: bool
+    config: TrainConfig, options: DPSGDOptions, secret: SecretRandomness, quiet: bool
 ) -> tuple[TrainingData, FittedPreprocessing | None]:
     """Images (normalised) or ScatterNet feature maps, as float tensors (N, C, H, W), with
-    the validation split of ``config.validation_fraction`` held out of the training rows."""
+    the validation split of ``config.validation_fraction`` held out of the training rows
+    (each example's side its own keyed hash under ``secret``'s split key)."""
     say(f"loading dataset {config.dataset}", quiet)
     dataset = config.load_dataset()
     ledger = PrivacyLedger()
     labels = np.asarray(dataset.train_labels)
-    rows, held = training_rows(
-        len(labels),
+    split = training_rows(
+        dataset.train_images,
+        labels,
         public_fraction=config.public_fraction,
         validation_fraction=config.validation_fraction,
-        seed=config.seed,
+        key=secret.split_key(),
     )
+    rows, held = split.train, split.validation
     subset = len(rows) < len(labels)
 
     def data(train: Any, test: Any, validation: Any) -> TrainingData:
@@ -589,9 +663,8 @@ def load_inputs(
         test,
         int(shape[0]),
         ledger,
-        seed,
+        secret.noise("preprocessing"),
         noise_off=config.noise_off,
-        secure=config.secure_mode,
     )
     train_x = torch.from_numpy(np.array(train, dtype=np.float32)).view(-1, *shape)
     test_x = torch.from_numpy(np.array(test, dtype=np.float32)).view(-1, *shape)

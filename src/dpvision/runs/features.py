@@ -12,7 +12,7 @@ from dpvision.accounting import PrivacyLedger, default_accountant, zcdp_epsilon
 from dpvision.accounting.gaussian import is_unsampled_gaussian
 from dpvision.config import TrainConfig
 from dpvision.data.datasets import same_dataset
-from dpvision.data.public import training_rows
+from dpvision.data.splits import training_rows
 from dpvision.distributed import current
 from dpvision.errors import DPVisionError
 from dpvision.features import feature_shape, load_or_extract, parse_feature_spec
@@ -22,14 +22,10 @@ from dpvision.features.preprocessing import FittedPreprocessing, preprocess
 from dpvision.features.spec import NETWORK_FEATURES
 from dpvision.learners import LEARNERS
 from dpvision.log import say
+from dpvision.mechanisms.secret import SecretRandomness
 from dpvision.models.weights import check_trained_on, read_weights
 from dpvision.runs.saved import TrainedModel, privacy_of
-
-
-def _seeds(seed: int) -> tuple[int, int]:
-    """Independent seeds for the preprocessing noise and the learner, derived from one seed."""
-    a, b = np.random.SeedSequence(seed).generate_state(2, dtype=np.uint64)
-    return int(a) % 2**63, int(b) % 2**63
+from dpvision.runs.validation import ValidationRelease
 
 
 def _channels(config: TrainConfig, dataset: Any, spec: Any) -> int:
@@ -42,9 +38,19 @@ def _channels(config: TrainConfig, dataset: Any, spec: Any) -> int:
 
 
 def run_features(
-    config: TrainConfig, *, quiet: bool, checkpoint: str | Path | None
+    config: TrainConfig,
+    *,
+    quiet: bool,
+    checkpoint: str | Path | None,
+    secret: SecretRandomness,
+    validation: ValidationRelease | None = None,
 ) -> tuple[dict[str, Any], TrainedModel]:
-    """Trains a feature learner; returns the result dict (DESIGN.md) and the model."""
+    """Trains a feature learner; returns the result dict (DESIGN.md) and the model.
+
+    Privacy: the preprocessing and the learner release what :func:`fit_learner` says, the
+    validation accuracy a noisy count (:mod:`dpvision.runs.validation`); every noise and
+    the validation split's coins come from ``secret``.
+    """
     if checkpoint is not None:
         raise DPVisionError(
             f"--checkpoint is for --method dp-sgd and dp-randp, not {config.method}"
@@ -91,12 +97,15 @@ def run_features(
         quiet,
     )
     train_labels, held = np.asarray(dataset.train_labels), 0
-    rows, kept = training_rows(
-        len(train_labels),
+    # Each example's side is its own keyed hash (images, or the precomputed feature rows).
+    split = training_rows(
+        train if spec.name == "precomputed" else dataset.train_images,
+        train_labels,
         public_fraction=config.public_fraction,
         validation_fraction=config.validation_fraction,
-        seed=config.seed,
+        key=secret.split_key(),
     )
+    rows, kept = split.train, split.validation
     if len(kept):
         # The held-out rows go through the same (released) preprocessing as the test set.
         validation_labels = train_labels[kept]
@@ -104,12 +113,26 @@ def run_features(
         held = len(kept)
     if len(rows) < len(train_labels):
         train, train_labels = np.asarray(train[rows]), train_labels[rows]
-    fitted = fit_learner(config, train, train_labels, test, channels, dataset.num_classes)
+    fitted = fit_learner(
+        config,
+        train,
+        train_labels,
+        test,
+        channels,
+        dataset.num_classes,
+        secret=secret,
+        validations=1 if held else 0,
+        validation=validation,
+    )
     learner, train, test, prior = fitted.learner, fitted.train, fitted.test, fitted.prior
-    scores = {}
+    scores: dict[str, Any] = {}
     if held:
-        scores["validation_accuracy"] = float(learner.score(test[:held], validation_labels))
-        scores["n_validation"] = held
+        exact = float(learner.score(test[:held], validation_labels))
+        released = fitted.validation.accuracy(exact, held)
+        if fitted.validation.mode != "selection":
+            scores["validation_accuracy"] = released
+            scores["n_validation"] = held
+            scores.update(fitted.validation.summary())
         test = test[held:]
     accuracy = float(learner.score(test, dataset.test_labels))
     own = learner.privacy_ledger_.entries[len(prior.entries) :] or learner.privacy_ledger_.entries
@@ -130,6 +153,7 @@ def run_features(
         "n_test": int(dataset.num_test),
         "num_features": int(train.shape[1]),
         "seed": config.seed,
+        "secret_randomness": secret.source,
         "wall_seconds": time.perf_counter() - start,
         "world_size": workers.world_size,
         "device": config.placement.describe(),
@@ -160,8 +184,9 @@ class FittedLearner(NamedTuple):
     learner: Any  # the fitted DPLinearClassifier
     train: np.ndarray  # the preprocessed training features
     test: np.ndarray  # the preprocessed held-out features
-    prior: PrivacyLedger  # the ledger of the preprocessing alone
+    prior: PrivacyLedger  # the ledger of the preprocessing (and planned validation counts)
     preprocessing: FittedPreprocessing
+    validation: ValidationRelease
 
 
 def fit_learner(
@@ -171,6 +196,10 @@ def fit_learner(
     test: np.ndarray,
     channels: int,
     num_classes: int,
+    *,
+    secret: SecretRandomness,
+    validations: int = 0,
+    validation: ValidationRelease | None = None,
 ) -> FittedLearner:
     """Private preprocessing and the feature learner of ``config``, fitted on ``train``.
 
@@ -180,9 +209,10 @@ def fit_learner(
     Privacy:
       Releases the model and the preprocessing statistics (see :func:`preprocess`), all
       recorded in ``learner.privacy_ledger_``; with a target ε the learner's σ is calibrated
-      so that everything together meets (ε, δ). ``test`` is only transformed.
+      so that everything together meets (ε, δ), the ``validations`` noisy validation
+      counts planned in it too. ``test`` is only transformed. The noise comes from
+      ``secret``.
     """
-    preprocessing_seed, learner_seed = _seeds(config.seed)
     ledger = PrivacyLedger()
     train, test, fitted = preprocess(
         config.preprocessing,
@@ -190,17 +220,17 @@ def fit_learner(
         test,
         channels,
         ledger,
-        preprocessing_seed,
+        secret.noise("preprocessing"),
         noise_off=config.noise_off,
-        secure=config.secure_mode,
     )
+    released = ValidationRelease.plan(config, validations, ledger, secret, validation)
     target = config.epsilon
     learner = LEARNERS[config.method](
         target_epsilon=target,
         target_delta=config.delta,
         noise_multiplier=None if target is not None else config.noise_multiplier,
         accountant=config.accountant,
-        random_state=learner_seed,
+        random_state=secret.seed("learner"),
         num_classes=num_classes,
         device=str(config.placement.device),
         **config.learner,
@@ -209,7 +239,7 @@ def fit_learner(
         learner.fit(train, train_labels, prior_ledger=ledger)
     except TypeError as error:  # a learner option of the wrong type
         raise DPVisionError(f"learner options for {config.method}: {error}") from None
-    return FittedLearner(learner, train, test, ledger, fitted)
+    return FittedLearner(learner, train, test, ledger, fitted, released)
 
 
 def _zcdp_figure(ledger: PrivacyLedger, delta: float) -> float | None:

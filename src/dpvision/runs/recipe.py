@@ -9,9 +9,10 @@ import dataclasses
 from typing import Any
 
 from dpvision.config import TrainConfig, validate
-from dpvision.data.public import training_rows
+from dpvision.data.splits import training_rows
 from dpvision.features import parse_feature_spec
 from dpvision.features.precomputed import load_feature_files
+from dpvision.mechanisms.secret import SecretRandomness
 from dpvision.recipes import (
     AUTO,
     RECIPE_METHOD,
@@ -26,13 +27,16 @@ from dpvision.recipes import (
 __all__ = ["DataFacts", "apply_recipe", "data_facts"]
 
 
-def apply_recipe(config: TrainConfig) -> tuple[TrainConfig, dict[str, Any]]:
+def apply_recipe(
+    config: TrainConfig, secret: SecretRandomness | None = None
+) -> tuple[TrainConfig, dict[str, Any]]:
     """The config with every ``auto`` left resolved, and the result's ``recipe`` entry:
     ``default`` (whether the method came from the recipe), ``set`` (the options the recipe
     filled in, dotted), ``why`` and ``summary`` (one line, printed after the run).
 
     Privacy: reads N (public, as in every sample rate B/N) and the image shape, never the
-    labels or the pixels' values; the options the user set are kept.
+    labels or the pixels' values; the options the user set are kept. ``secret``: the
+    run's secret randomness (its validation split decides N).
     """
     chosen: dict[str, Any] = {}
     why = "as configured"
@@ -40,7 +44,7 @@ def apply_recipe(config: TrainConfig) -> tuple[TrainConfig, dict[str, Any]]:
     needs_model = config.method in ("dp-sgd", "dp-randp") and model == AUTO
     pending = config.features == AUTO or config.preprocessing.kind == AUTO
     if config.method == AUTO or pending or needs_model:
-        facts = data_facts(config)
+        facts = data_facts(config, secret)
         num_train, image_shape = facts.num_train, facts.image_shape
         if pending:
             assert image_shape is not None  # precomputed features are never auto
@@ -84,7 +88,7 @@ def apply_recipe(config: TrainConfig) -> tuple[TrainConfig, dict[str, Any]]:
     recipe = {"default": "method" in chosen, "set": chosen, "why": why}
     if "features" in chosen and "method" not in chosen:
         recipe["why"] += f"; features {chosen['features']} are the default of {config.method}"
-    recipe["summary"] = describe(dataclasses.asdict(config), recipe)
+    recipe["summary"] = describe(config.to_dict(), recipe)
     return config, recipe
 
 
@@ -103,22 +107,27 @@ class DataFacts:
     image_shape: tuple[int, int, int] | None
 
 
-def data_facts(config: TrainConfig) -> DataFacts:
+def data_facts(config: TrainConfig, secret: SecretRandomness | None = None) -> DataFacts:
     """N, the validation rows and the image shape of ``config``'s data: sizes and shapes,
-    never a pixel or a label."""
+    never a pixel or a label (the splits hash each example to decide its side; only the
+    sizes leave this function). ``secret``: the run's, whose key the validation split uses
+    (None: the config's ``secret_seed``, else fresh)."""
     spec = parse_feature_spec("pixels" if config.features == AUTO else config.features)
     shape: tuple[int, int, int] | None = None
     if spec.name == "precomputed":
         assert spec.path is not None  # checked by FeatureSpec
-        total = len(load_feature_files(spec.path, config.dataset, config.num_classes).train)
+        files = load_feature_files(spec.path, config.dataset, config.num_classes)
+        rows, labels = files.train, files.train_labels
     else:
         dataset = config.load_dataset()
         height, width, channels = dataset.image_shape
-        total, shape = len(dataset.train_labels), (channels, height, width)
-    rows, held = training_rows(
-        total,
+        rows, labels, shape = dataset.train_images, dataset.train_labels, (channels, height, width)
+    secret = secret or SecretRandomness(config.secret_seed)
+    split = training_rows(
+        rows,
+        labels,
         public_fraction=config.public_fraction,
         validation_fraction=config.validation_fraction,
-        seed=config.seed,
+        key=secret.split_key(),
     )
-    return DataFacts(len(rows), len(held), shape)
+    return DataFacts(len(split.train), len(split.validation), shape)

@@ -13,10 +13,12 @@ from typing import Any
 from dpvision.config import TrainConfig, resolve
 from dpvision.distributed import current
 from dpvision.errors import DPVisionError
+from dpvision.mechanisms.secret import SecretRandomness
 from dpvision.runs.dpsgd import run_dpsgd
 from dpvision.runs.features import run_features
 from dpvision.runs.recipe import apply_recipe
 from dpvision.runs.saved import TrainedModel
+from dpvision.runs.validation import ValidationRelease
 
 
 def run_training(
@@ -38,15 +40,27 @@ def run_training(
 
 
 def fit(
-    config: TrainConfig, *, quiet: bool = False, checkpoint: str | Path | None = None
+    config: TrainConfig,
+    *,
+    quiet: bool = False,
+    checkpoint: str | Path | None = None,
+    secret: SecretRandomness | None = None,
+    validation: ValidationRelease | None = None,
 ) -> tuple[dict[str, Any], TrainedModel]:
     """:func:`run_training`'s work: the result dict and the trained model, after checking
-    that the run kept within its target ε."""
-    config, recipe = apply_recipe(config)
-    if config.method in ("dp-sgd", "dp-randp"):
-        result, model = run_dpsgd(config, quiet=quiet, checkpoint=checkpoint)
-    else:
-        result, model = run_features(config, quiet=quiet, checkpoint=checkpoint)
+    that the run kept within its target ε.
+
+    ``secret``: the run's secret randomness (None: from ``config.secret_seed``, else 256
+    fresh bits from the OS; :mod:`dpvision.mechanisms.secret`); ``validation``: tune's
+    selection mode (:class:`~dpvision.runs.validation.ValidationRelease`).
+    """
+    if secret is None:
+        secret = SecretRandomness(config.secret_seed, secure=config.secure_mode)
+    config, recipe = apply_recipe(config, secret)
+    run = run_dpsgd if config.method in ("dp-sgd", "dp-randp") else run_features
+    result, model = run(
+        config, quiet=quiet, checkpoint=checkpoint, secret=secret, validation=validation
+    )
     result["recipe"] = recipe
     return _within_target(config, result), model
 

@@ -9,8 +9,10 @@ uninterrupted run. A checkpoint written by another configuration (another ``fing
 of the settings that change the run) is refused, naming the settings that differ.
 
 Privacy: a checkpoint holds parameters and optimizer moments, which are post-processing of
-the noisy releases recorded in its ledger, plus RNG states; no count or statistic of the
-private data.
+the noisy releases recorded in its ledger, plus the states of the noise and sampling
+generators and the run's secret randomness (:mod:`dpvision.mechanisms.secret`): with them
+and the data, the noise could be replayed. A checkpoint is therefore *as private as the
+data*: it is written readable by its owner only (mode 0600) and never published.
 """
 
 import dataclasses
@@ -29,6 +31,7 @@ from dpvision.fileio import atomic_open, differing_keys, load_torch
 from dpvision.mechanisms import PoissonSampler
 from dpvision.mechanisms.adaptive_clipping import AdaptiveClipping
 from dpvision.mechanisms.noise import NoiseGenerator
+from dpvision.mechanisms.secret import SecretRandomness
 from dpvision.training.engine import ParameterEMA
 
 CHECKPOINT_FORMAT = "dpvision-dpsgd-checkpoint-v1"
@@ -50,6 +53,7 @@ class TrainingState:
     ledger: PrivacyLedger
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     adaptive: AdaptiveClipping | None = None  # the current clip norm of adaptive clipping
+    secret: SecretRandomness | None = None  # the run's secret randomness (kept, never shown)
 
 
 def fingerprint(settings: dict[str, Any]) -> str:
@@ -77,8 +81,9 @@ def save_checkpoint(path: Path, state: TrainingState, settings: dict[str, Any]) 
         "history": list(state.history),
         "ledger": state.ledger.to_json(),
         "adaptive": None if state.adaptive is None else state.adaptive.state_dict(),
+        "secret": None if state.secret is None else state.secret.state(),
     }
-    with atomic_open(path, "wb") as out:
+    with atomic_open(path, "wb", private=True) as out:
         torch.save(payload, out)
 
 
@@ -94,6 +99,21 @@ def read_checkpoint(path: Path) -> dict[str, Any]:
     if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
         raise DPVisionError(f"{path} is not a dpvision DP-SGD checkpoint; it was left untouched")
     return payload
+
+
+def checkpoint_secret(path: Path, workers: Workers | None = None) -> SecretRandomness | None:
+    """The secret randomness of the checkpoint at ``path`` (None: no file yet), so that a
+    resumed run keeps its validation split and its streams."""
+    workers = workers or Workers()
+    if not workers.from_main(path.exists):
+        return None
+    state = workers.from_main(lambda: read_checkpoint(path).get("secret"))
+    if state is None:
+        raise DPVisionError(
+            f"checkpoint {path} was written before dpvision kept a run's secret randomness; "
+            "move it away to start afresh"
+        )
+    return SecretRandomness.from_state(state)
 
 
 def resume(

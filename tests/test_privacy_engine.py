@@ -148,7 +148,7 @@ def _zero_gradient_updates(physical: int | None, steps: int, seed: int) -> torch
         noise_multiplier=SIGMA,
         max_grad_norm=CLIP,
         max_physical_batch_size=physical,
-        seed=seed,
+        secret_seed=seed,  # replayable draws; the noise comes from the secret streams
     )
     for x, _ in loader:
         optimizer.zero_grad()
@@ -180,13 +180,13 @@ def test_empty_poisson_batches_get_noise_and_do_not_crash():
     private, optimizer, loader = engine.make_private(
         module=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=1.0),
-        data_loader=DataLoader(_images(200), batch_size=1),  # q = 1/200: mostly empty
+        data_loader=DataLoader(_images(200), batch_size=1),  # q = 1/200: P(empty) ≈ 0.37
         noise_multiplier=1.0,
         max_grad_norm=1.0,
         augmult=2,
         max_physical_batch_size=1,
         ema_decay=0.9,
-        seed=0,
+        secret_seed=0,  # the batches are drawn from the secret streams: replay them
     )
     empty = 0
     for x, y in loader:
@@ -201,12 +201,12 @@ def test_empty_poisson_batches_get_noise_and_do_not_crash():
             assert all(
                 not torch.equal(a, p) for a, p in zip(before, model.parameters(), strict=True)
             )
-        if optimizer.steps == 12:
+        if optimizer.steps == 30:
             break
-    assert empty >= 5
-    assert engine.ledger.total_count == 12
+    assert empty >= 5  # about 11 expected in 30 steps
+    assert engine.ledger.total_count == 30
     assert optimizer.ema is not None
-    assert optimizer.ema.step == 12
+    assert optimizer.ema.step == 30
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 

@@ -14,7 +14,7 @@ from dpvision.cli import main
 from dpvision.config import resolve
 from dpvision.data import load_dataset
 from dpvision.data.inputs import DATASET_STATISTICS
-from dpvision.data.validation import validation_split
+from dpvision.data.splits import validation_split
 from dpvision.errors import DPVisionError
 from dpvision.runs.train import fit
 
@@ -140,20 +140,23 @@ def test_python_api_trains_with_tables_as_dicts(tmp_path: Path) -> None:
 # --- the validation split -------------------------------------------------------------------
 
 
-def test_validation_split_is_seeded_and_depends_only_on_n() -> None:
-    train, held = validation_split(100, 0.1, seed=3)
-    assert len(held) == 10
-    assert len(train) == 90
-    assert not set(train) & set(held)
-    assert np.array_equal(held, validation_split(100, 0.1, seed=3)[1])
-    assert not np.array_equal(held, validation_split(100, 0.1, seed=4)[1])
+def test_validation_split_is_keyed_and_leaves_both_sides() -> None:
+    """Each example's side is its keyed hash (tests/data/test_splits.py has the rest)."""
+    images = np.arange(200, dtype=np.uint8).reshape(100, 2, 1, 1)
+    labels = np.arange(100) % 3
+    train, held = validation_split(images, labels, 0.1, b"a" * 32)
+    assert 0 < len(held) < 30
+    assert sorted({*train, *held}) == list(range(100))
+    assert np.array_equal(held, validation_split(images, labels, 0.1, b"a" * 32)[1])
+    assert not np.array_equal(held, validation_split(images, labels, 0.1, b"b" * 32)[1])
     with pytest.raises(DPVisionError, match="at least one example"):
-        validation_split(3, 0.01, seed=0)
+        validation_split(images[:3], labels[:3], 0.01, b"a" * 32)
 
 
 def test_feature_run_holds_out_a_validation_split() -> None:
     result, _ = fit(resolve(None, {}, ["validation_fraction=0.2"]), quiet=True)
-    assert result["n_validation"] == round(0.2 * 1438)
+    # Binomial(1438, 0.2): each example's side is its own keyed coin.
+    assert abs(result["n_validation"] - 0.2 * 1438) < 4 * (1438 * 0.2 * 0.8) ** 0.5
     assert result["n_train"] == 1438 - result["n_validation"]
     assert 0 < result["validation_accuracy"] <= 1
     assert result["config"]["validation_fraction"] == 0.2

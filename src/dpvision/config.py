@@ -238,7 +238,8 @@ def _coerce(name: str, value: Any, where: str) -> Any:
             raise DPVisionError(f"{where}: {name} must be a number, got {value!r}") from None
     if name in _INT_FIELDS:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise DPVisionError(f"{where}: {name} must be a whole number, got {value!r}")
+            shown = "" if name == "secret_seed" else f", got {value!r}"  # never echo a secret
+            raise DPVisionError(f"{where}: {name} must be a whole number{shown}")
         return value
     if not isinstance(value, str):
         raise DPVisionError(f"{where}: {name} must be a string, got {value!r}")

@@ -1,16 +1,21 @@
-"""``dpvision tune``: the best candidate is found, nothing exact is released, bad specs
-are one line."""
+"""``dpvision tune``: the best candidate is found, nothing exact is released, the search
+itself (K, the draws, their order, timings) stays secret, bad specs are one line."""
 
 import json
+import logging
 import math
 
 import numpy as np
 import pytest
 
-from dpvision.accounting import PrivacyLedger
+import dpvision
+from dpvision.accounting import PrivacyLedger, Repetitions
 from dpvision.cli import main
-from dpvision.config import resolve
+from dpvision.config import TrainConfig, resolve
 from dpvision.errors import DPVisionError
+from dpvision.log import configure
+from dpvision.mechanisms.secret import SecretRandomness
+from dpvision.runs import tune as tune_module
 from dpvision.runs.tune import TuneSettings, parse_search, release_score, run_tune
 
 
@@ -35,25 +40,204 @@ def separable(tmp_path):
 
 def test_the_best_candidate_is_found_whenever_it_is_drawn(separable):
     """ScatterNet keeps no layout of 6×6 images (chance, measured 53 %); the pixels separate
-    the halves (100 %). Whenever K's runs draw the good candidate it is the one released,
-    and with E[K] = 6 it is drawn in most seeds (probability 1 − E[(1/2)^K] = 6/7 each).
-    DP-FC trains in a fraction of DP-SGD's time and tells the features apart as clearly."""
+    the halves (100 %). Whenever K's runs draw the good candidate it is the one released.
+    The draws are secret: the test replays them from each secret seed (:func:`_secret_draws`);
+    with E[K] = 6 the good candidate is drawn with probability 1 − E[(1/2)^K] = 6/7 per
+    seed, here in all four. DP-FC trains in a fraction of DP-SGD's time and tells the
+    features apart as clearly."""
     search = parse_search(["features='scatternet','pixels'"])
-    found = 0
+    found = drew_good = 0
     for seed in range(4):
-        base = resolve(
-            sets=[f"dataset='npz:{separable}'", "num_classes=2", "method='dp-fc'", f"seed={seed}"]
-        )
+        sets = [f"dataset='npz:{separable}'", "num_classes=2", "method='dp-fc'"]
+        base = resolve(sets=[*sets, f"secret_seed={seed}"])
         result, model = run_tune(base, search, TuneSettings(mean_runs=6.0), quiet=True)
-        drawn = result["tuning"]["drawn"]
         assert model is not None
-        assert len(drawn) == result["tuning"]["runs"] >= 1
-        if 1 in drawn:
+        if 1 in _secret_draws(seed, Repetitions(6.0, 1.0), 2):
+            drew_good += 1
             assert result["selected"]["candidate"] == 1
             assert result["test_accuracy"] > 0.95
             found += 1
         assert result["epsilon"] <= 3.0
-    assert found >= 3
+    assert found == drew_good >= 3
+
+
+def _secret_draws(secret_seed: int, repetitions: Repetitions, candidates: int) -> list[int]:
+    """The candidates the tune's secret coins draw, in order (len: K), replayed as the
+    holder of ``secret_seed`` can and no one else."""
+    coins = SecretRandomness(secret_seed).numpy("tune coins")
+    runs = repetitions.sample(coins)
+    return [int(coins.integers(candidates)) for _ in range(runs)]
+
+
+def _digits(*sets: str) -> TrainConfig:
+    return resolve(
+        sets=["dataset='digits'", "method='dp-fc'", "features='pixels'", "learner.epochs=2", *sets]
+    )
+
+
+def _keys(value: object, path: str = "") -> set[str]:
+    """Every key of a JSON value, nested keys dotted (list items share their list's path)."""
+    if isinstance(value, dict):
+        return {f"{path}{k}" for k in value} | {
+            key for k, v in value.items() for key in _keys(v, f"{path}{k}.")
+        }
+    if isinstance(value, list):
+        return {key for v in value for key in _keys(v, path)}
+    return set()
+
+
+HIDDEN = {"runs", "drawn", "tuning_seconds", "wall_seconds", "train_seconds", "history"}
+SECRET = 987654321981  # draws K = 7 runs of both candidates at E[K] = 3 (geometric)
+
+
+def test_neither_k_nor_the_draws_nor_timings_are_published(tmp_path, capsys):
+    """The result JSON, the model file, stdout, stderr and the log file of ``dpvision tune``
+    say nothing of K, the candidates drawn, their order or any run's timing, and never the
+    secret seed; the winner's config has the base's public seed, not one per run."""
+    drawn = _secret_draws(SECRET, Repetitions(3.0, 1.0), 2)
+    assert len(drawn) >= 2
+    assert set(drawn) == {0, 1}
+    out, saved, log = tmp_path / "tuned.json", tmp_path / "m.safetensors", tmp_path / "log.txt"
+    argv = [
+        "tune", "--dataset", "digits", "--method", "dp-fc", "--set", "features='pixels'",
+        "--set", "learner.epochs=2", "--search", "learner.learning_rate=0.1,0.5",
+        "--mean-runs", "3", "--epsilon", "2", "--seed", "7", "--secret-seed", str(SECRET),
+        "--json", str(out), "--save", str(saved), "--log-file", str(log),
+    ]  # fmt: skip
+    try:
+        assert main(argv) == 0
+    finally:
+        configure()  # closes the log file: later tests log to the console only
+    printed = capsys.readouterr()
+    text = out.read_text()
+    result = json.loads(text)
+    assert not _keys(result) & HIDDEN
+    assert result["seed"] == result["config"]["seed"] == 7
+    assert dpvision.load_model(saved).config["seed"] == 7
+    assert str(SECRET) not in text
+    assert str(SECRET) not in log.read_text()
+    blob = saved.read_bytes()
+    assert str(SECRET).encode() not in blob
+    assert SECRET.to_bytes(8, "little") not in blob
+    progress = [line for line in printed.err.splitlines() if line.startswith("[dpvision]")]
+    assert len(progress) == 2, printed.err  # one line before the search, one after
+    for words in (f"K = {len(drawn)}", "run 1/", f"{len(drawn)} runs", "candidate 0 (learner"):
+        assert words not in printed.err + printed.out + log.read_text()
+    winner = result["selected"]["candidate"]
+    assert f"selected candidate {winner} (" in progress[1]
+
+
+def test_the_published_search_is_the_same_whatever_k_the_coins_draw(monkeypatch, capsys):
+    """With the same secret (so the same split) and K forced to 0, 1 or 4 (a Poisson K can
+    be any of them): the ``tuning`` entry and the first progress line are identical, the
+    results of K = 1 and K = 4 have the same keys, and K = 0's are a subset of them (it has
+    no model: inherent). Warnings a run logs are withheld, as their number would tell K."""
+    configure()
+    base = _digits("secret_seed=5")
+    search = parse_search(["learner.learning_rate=0.1,0.5"])
+    original_fit = tune_module.fit
+
+    def noisy_fit(*args, **kwargs):
+        logging.getLogger("dpvision.features.cache").warning("a warning of one run")
+        return original_fit(*args, **kwargs)
+
+    monkeypatch.setattr(tune_module, "fit", noisy_fit)
+    results, lines = {}, {}
+    for runs in (0, 1, 4):
+        monkeypatch.setattr(Repetitions, "sample", lambda self, rng, runs=runs: runs)
+        results[runs], model = run_tune(base, search, TuneSettings("poisson", 2.0), quiet=False)
+        assert (model is None) == (runs == 0)
+        lines[runs] = capsys.readouterr().err.splitlines()
+    assert results[0]["tuning"] == results[1]["tuning"] == results[4]["tuning"]
+    assert _keys(results[1]) == _keys(results[4])
+    assert set(results[0]) < set(results[1])
+    assert lines[0][0] == lines[1][0] == lines[4][0]
+    assert [len(lines[runs]) for runs in (0, 1, 4)] == [2, 2, 2], lines
+    assert not any("warning of one run" in line for line in lines[1] + lines[4])
+
+
+def test_k_zero_from_the_secret_coins_releases_no_model_and_no_timing():
+    assert _secret_draws(1, Repetitions(1.0, math.inf), 2) == []  # K = 0 for this secret
+    result, model = run_tune(
+        _digits("secret_seed=1"),
+        parse_search(["learner.learning_rate=0.1,0.5"]),
+        TuneSettings("poisson", 1.0),
+        quiet=True,
+    )
+    assert model is None
+    assert result["selected"] is None
+    assert not _keys(result) & HIDDEN
+
+
+def test_k_the_draws_every_run_and_the_score_noise_come_from_the_secret(monkeypatch):
+    """The runs are those the secret's ``"tune coins"`` draw, in that order; each trains
+    with the base's public seed under its own child secret and releases nothing about the
+    validation rows; the score noise of a run changes with the secret, not the seed."""
+    calls, noises = [], []
+    original_fit, original_score = tune_module.fit, tune_module.release_score
+
+    def spy_fit(config, *, quiet, secret, validation):
+        calls.append((config.seed, config.learner["learning_rate"], secret.seed("noise")))
+        assert validation.mode == "selection"
+        return original_fit(config, quiet=quiet, secret=secret, validation=validation)
+
+    def spy_score(correct, score_noise, rng):
+        score = original_score(correct, score_noise, rng)
+        noises.append(score - correct)
+        return score
+
+    monkeypatch.setattr(tune_module, "fit", spy_fit)
+    monkeypatch.setattr(tune_module, "release_score", spy_score)
+    search = parse_search(["learner.learning_rate=0.1,0.5"])
+    run_tune(
+        _digits("seed=7", f"secret_seed={SECRET}"), search, TuneSettings(mean_runs=3.0), quiet=True
+    )
+    drawn = _secret_draws(SECRET, Repetitions(3.0, 1.0), 2)
+    assert [rate for _, rate, _ in calls] == [(0.1, 0.5)[index] for index in drawn]
+    assert {seed for seed, _, _ in calls} == {7}
+    assert len({noise_seed for _, _, noise_seed in calls}) == len(drawn)  # a secret per run
+    first = noises[0]
+    calls.clear()
+    noises.clear()
+    run_tune(
+        _digits("seed=7", f"secret_seed={SECRET + 1}"),
+        search,
+        TuneSettings(mean_runs=3.0),
+        quiet=True,
+    )
+    assert noises[0] != first  # same public seed and run number, another secret
+
+
+def test_a_secret_seed_replays_the_tune_and_fresh_secrets_differ():
+    """The same ``secret_seed``: the same selection, noisy score and model (research
+    replay); without it, fresh OS entropy: the noisy scores differ (σ_v ≈ 12 on a count,
+    continuous: equal with probability 0)."""
+    search = parse_search(["learner.learning_rate=0.1,0.5"])
+    settings = TuneSettings(mean_runs=2.0)
+    replays = [run_tune(_digits("secret_seed=11"), search, settings, quiet=True) for _ in "ab"]
+    (first, model_a), (second, model_b) = replays
+    assert first["selected"] == second["selected"]
+    assert first["validation_score_noisy"] == second["validation_score_noisy"]
+    assert np.array_equal(model_a.coef, model_b.coef)
+    fresh = [run_tune(_digits(), search, settings, quiet=True)[0] for _ in "ab"]
+    assert fresh[0]["validation_score_noisy"] != fresh[1]["validation_score_noisy"]
+
+
+def test_an_adversary_with_every_public_input_reproduces_neither_score_nor_model():
+    """The adversary knows the code, the config with its public seed and the data (here
+    all of it): rerunning tune with them — fresh secret, or guessing the secret seed is the
+    public one — yields another noisy score and another model. (With the former coins
+    from the public seed, the rerun reproduced both.)"""
+    search = parse_search(["learner.learning_rate=0.1,0.5"])
+    settings = TuneSettings(mean_runs=2.0)
+    published, model = run_tune(_digits("seed=7"), search, settings, quiet=True)
+    assert model is not None
+    assert published["seed"] == 7
+    for guess in ([], ["secret_seed=7"]):
+        rerun, again = run_tune(_digits("seed=7", *guess), search, settings, quiet=True)
+        assert again is not None
+        assert rerun["validation_score_noisy"] != published["validation_score_noisy"]
+        assert not np.array_equal(again.coef, model.coef)
 
 
 def test_nothing_exact_about_the_validation_examples_is_released(separable, tmp_path):
@@ -146,8 +330,6 @@ def test_more_runs_cost_more_noise():
 
 
 def test_the_python_entry_point_mirrors_the_command(tmp_path):
-    import dpvision
-
     saved = tmp_path / "m.safetensors"
     result, model = dpvision.tune(
         ["learner.learning_rate=0.1,0.5"],

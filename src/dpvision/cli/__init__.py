@@ -25,7 +25,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from dpvision.cli import audit, cache, model, pretrain, privacy, report, train, tune
-from dpvision.cli.arguments import EXIT_USAGE, Parser
+from dpvision.cli.arguments import EXIT_USAGE, Parser, redact_secrets
 from dpvision.cli.pretrain import SYNTHETIC_KINDS
 from dpvision.errors import DPVisionError
 from dpvision.log import configure, logger
@@ -76,7 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.quiet = bool(getattr(args, "quiet", False))
     configure(-1 if args.quiet else getattr(args, "verbose", 0), getattr(args, "log_file", None))
-    logger.debug("dpvision %s: %s", __version__, " ".join(sys.argv if argv is None else argv))
+    command = redact_secrets(sys.argv if argv is None else argv)
+    logger.debug("dpvision %s: %s", __version__, " ".join(command))
     try:
         if args.command != "train" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
             raise DPVisionError(

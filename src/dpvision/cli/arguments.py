@@ -3,6 +3,7 @@
 import argparse
 import math
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -70,6 +71,40 @@ def whole_number(text: str) -> int:
     if not value.is_integer():
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
     return int(value)
+
+
+def secret_number(text: str) -> int:
+    """``--secret-seed``: a whole number in [0, 2**256); the error never repeats the value."""
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected a whole number") from None
+    if not 0 <= value < 2**256:
+        raise argparse.ArgumentTypeError("expected a whole number in [0, 2**256)")
+    return value
+
+
+SECRET_FLAGS = ("--secret-seed",)
+
+
+def redact_secrets(argv: Sequence[str]) -> list[str]:
+    """The command line with the secret seed's value hidden (for the log file)."""
+    out: list[str] = []
+    hide = False
+    for item in argv:
+        if hide:
+            out.append("<secret>")
+            hide = False
+        elif item in SECRET_FLAGS:
+            out.append(item)
+            hide = True
+        elif item.startswith(tuple(f"{flag}=" for flag in SECRET_FLAGS)):
+            out.append(item.split("=", 1)[0] + "=<secret>")
+        elif item.replace(" ", "").startswith("secret_seed="):
+            out.append("secret_seed=<secret>")
+        else:
+            out.append(item)
+    return out
 
 
 def output_file(text: str) -> str:
@@ -237,7 +272,19 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="a fixed σ instead of a target ε (0: no noise)",
     )
     add_accountant_argument(parser)
-    parser.add_argument("--seed", type=whole_number, metavar="N", help="random seed")
+    parser.add_argument(
+        "--seed",
+        type=whole_number,
+        metavar="N",
+        help="public seed: initialisation, augmentation (published with the config)",
+    )
+    parser.add_argument(
+        "--secret-seed",
+        type=secret_number,
+        metavar="N",
+        help="replay the secret randomness (noise, sampling, splits) for research; never "
+        "written to any output (default: fresh OS entropy every run)",
+    )
     add_device_arguments(parser, default=None)
     parser.add_argument(
         "--set",
@@ -259,6 +306,7 @@ def run_flags(args: argparse.Namespace) -> dict[str, Any]:
         "noise_multiplier": args.noise_multiplier,
         "accountant": args.accountant,
         "seed": args.seed,
+        "secret_seed": args.secret_seed,
         "device": args.device,
         "precision": args.precision,
     }

@@ -14,9 +14,6 @@ def run(args: argparse.Namespace) -> None:
     from dpvision.fileio import write_json_atomic
 
     # local import: start-up time
-    from dpvision.runs.train import summary
-
-    # local import: start-up time
     from dpvision.runs.tune import TuneSettings, parse_search, run_tune
 
     search = parse_search(args.search)  # spelling first: one line, before any data is read
@@ -26,27 +23,35 @@ def run(args: argparse.Namespace) -> None:
     result, model = run_tune(config, search, settings, quiet=args.quiet)
     if args.json:
         write_json_atomic(args.json, result)
-    tuning = result["tuning"]
-    if model is None:
-        print(
-            f"K = 0 runs were drawn ({tuning['distribution']}): nothing was trained or "
-            f"released; ε = {result['epsilon']:.4f} at δ = {result['delta']:g} (rdp)"
-        )
-    else:
-        print(summary(result))
-        chosen = ", ".join(f"{k} = {v!r}" for k, v in result["selected"]["setting"].items())
-        print(
-            f"selected: {chosen} (candidate {result['selected']['candidate']} of "
-            f"{len(tuning['candidates'])}), noisy validation accuracy "
-            f"{100 * result['validation_score_noisy']:.2f} % after {tuning['runs']} "
-            f"run{'s' if tuning['runs'] != 1 else ''} "
-            f"({tuning['distribution']}); the ε above covers every run and the selection"
-        )
-        if args.save:
-            model.save(args.save)
-            print(f"model written to {args.save} (dpvision predict {args.save} IMAGES)")
+    print(summary(result))
+    if model is not None and args.save:
+        model.save(args.save)
+        print(f"model written to {args.save} (dpvision predict {args.save} IMAGES)")
     if args.json:
         print(f"result written to {args.json}")
+
+
+def summary(result: dict[str, Any]) -> str:
+    """A tune result in a few lines: what was selected and what the search cost. Nothing of
+    K, the runs or their timing: the result holds none of them (:mod:`dpvision.runs.tune`)."""
+    tuning = result["tuning"]
+    privacy = (
+        f"ε = {result['epsilon']:.4f} at δ = {result['delta']:g} (rdp) for the whole search: "
+        f"every run and the selection (a secret number of runs K: {tuning['distribution']})"
+    )
+    if result["selected"] is None:
+        return f"no run was drawn (K = 0): nothing was trained or released; {privacy}"
+    model = f" ({result['model']})" if "model" in result else ""
+    chosen = ", ".join(f"{k} = {v!r}" for k, v in result["selected"]["setting"].items())
+    return (
+        f"{result['method']}{model} on {result['dataset']} ({result['n_train']} train / "
+        f"{result['n_test']} test), features {result['features']}\n"
+        f"selected: {chosen} (candidate {result['selected']['candidate']} of "
+        f"{len(tuning['candidates'])}), σ = {result['noise_multiplier']:.4g}, noisy validation "
+        f"accuracy {100 * result['validation_score_noisy']:.2f} %\n"
+        f"test accuracy {100 * result['test_accuracy']:.2f} %\n"
+        f"privacy: {privacy}"
+    )
 
 
 def add_parser(commands: Any) -> None:

@@ -26,6 +26,7 @@ True
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812 (the usual PyTorch alias)
 
@@ -86,6 +87,55 @@ def draw_views(
         else torch.zeros(shape, dtype=torch.bool)
     )
     return ViewDraws(dy, dx, flips)
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser on uint64 arrays (wrapping arithmetic): a bijective mix."""
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def keyed_views(
+    keys: np.ndarray,
+    seed: int,
+    step: int,
+    views: int,
+    *,
+    padding: int = 4,
+    flip: bool = True,
+) -> ViewDraws:
+    """The offsets and flips of K views of each example, from (``seed``, ``step``, the
+    example's own ``key``) alone — never from its place in the batch.
+
+    ``keys``: one uint64 per example (its digest, :func:`dpvision.data.splits.public_digests`).
+    Adding or removing another example, wherever, changes no example's views, so with the
+    public ``seed`` the clipped sum of a batch keeps its sensitivity C *for every value of
+    the public randomness* (a shared stream drawn in batch order does not: one example more
+    shifts the views of every example after it).
+
+    >>> keys = np.array([1, 2, 3], dtype=np.uint64)
+    >>> a = keyed_views(keys, seed=0, step=5, views=2, padding=1)
+    >>> b = keyed_views(keys[[2, 0]], seed=0, step=5, views=2, padding=1)
+    >>> bool((a.dy[[2, 0]] == b.dy).all() and (a.flips[[2, 0]] == b.flips).all())
+    True
+    """
+    if views < 1:
+        raise DPVisionError(f"augmult must be >= 1 views, got {views}")
+    with np.errstate(over="ignore"):
+        salt = _mix(np.array([seed % 2**64], dtype=np.uint64) ^ _mix(np.array([step], np.uint64)))
+        base = _mix(np.asarray(keys, dtype=np.uint64) ^ salt)
+        counter = np.arange(1, 3 * views + 1, dtype=np.uint64).reshape(views, 3) * _GOLDEN
+        draws = _mix(base[:, None, None] + counter[None])  # (B, K, 3)
+    span = np.uint64(2 * padding + 1)
+    dy = torch.from_numpy((draws[..., 0] % span).astype(np.int64))
+    dx = torch.from_numpy((draws[..., 1] % span).astype(np.int64))
+    flips = torch.from_numpy((draws[..., 2] >> np.uint64(63)).astype(bool))
+    return ViewDraws(dy, dx, flips if flip else torch.zeros_like(flips))
 
 
 def apply_views(

@@ -137,6 +137,7 @@ class TrainingData:
     validation_y: torch.Tensor | None = None
     image_shape: tuple[int, ...] | None = None  # (H, W, C) of the images the inputs come from
     class_names: tuple[str, ...] | None = None
+    train_keys: np.ndarray | None = None  # one public digest per training row (augmentation)
 
     def to(self, device: torch.device) -> "TrainingData":
         """The same data with inputs made on ``device`` and labels there (see

@@ -35,6 +35,7 @@ import numpy as np
 from dpvision.errors import DPVisionError
 
 __all__ = [
+    "PUBLIC_KEY",
     "PUBLIC_SPLIT",
     "public_split",
     "row_digests",
@@ -46,6 +47,8 @@ __all__ = [
 PUBLIC_SPLIT = "blake2b-64 keyed 'dpvision public split v1' over label and row bytes"
 """The public slice's definition, as weight files record it."""
 _PUBLIC_KEY = b"dpvision public split v1"
+PUBLIC_KEY = _PUBLIC_KEY
+"""The public slice's key: fixed and published (anyone may recompute the public rows)."""
 
 
 def row_digests(rows: np.ndarray, labels: np.ndarray, key: bytes) -> np.ndarray:

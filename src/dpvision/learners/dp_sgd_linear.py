@@ -267,12 +267,14 @@ class DPSGDLinear(DPLinearClassifier):
         state: dict[str, torch.Tensor] = {}
         # The EMA starts from the initial parameters, as ParameterEMA's does.
         average = (weight.clone(), bias.clone()) if self.ema_decay > 0 else None
-        uniforms: Callable[[int], np.ndarray]
+        uniforms: Callable[[int, int], np.ndarray]
         if isinstance(generator, SecureRandom):  # the batches, too, from the CSPRNG
-            uniforms = generator.uniform
+            uniforms = lambda count, _: generator.uniform(count)  # noqa: E731
         else:
+            # One stream per step: example i's coin at step t is the same whatever comes
+            # after i (i.i.d. secret coins; a neighbour appended keeps the others' coins).
             seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-            uniforms = np.random.default_rng(seed).random
+            uniforms = lambda count, t: np.random.default_rng([seed, t]).random(count)  # noqa: E731
         sq_norms = row_sq_norms(features, self.chunk_size)
         all_rows = np.arange(n)
         adaptive = self._adaptive(expected_batch)
@@ -283,7 +285,7 @@ class DPSGDLinear(DPLinearClassifier):
             clip = self.clip_norm if adaptive is None else adaptive.clip
             unclipped = None if adaptive is None else torch.zeros((), dtype=torch.float64)
             # Poisson sampling: every example joins independently with probability q.
-            batch = np.flatnonzero(uniforms(n) < q) if q < 1 else all_rows
+            batch = np.flatnonzero(uniforms(n, step) < q) if q < 1 else all_rows
             batch = workers.split(batch)  # this rank's share; the sums are all-reduced below
             grad_w = torch.zeros_like(weight)
             grad_b = torch.zeros_like(bias)

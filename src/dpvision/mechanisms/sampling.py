@@ -6,6 +6,7 @@ therefore random, Binomial(n, q), mean qn and variance q(1 − q)n, and a batch 
 used while accounting as if Poisson, are *not* offered.
 """
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,13 +20,18 @@ from dpvision.mechanisms.secure import SecureRandom
 class PoissonSampler:
     """Yields, for each of ``steps`` steps, the indices of a Poisson-sampled batch.
 
-    The generator state can be saved and restored (``state_dict`` / ``load_state_dict``), so a
-    run resumed from a checkpoint draws exactly the batches an uninterrupted run would.
+    Draw t takes its uniforms from its own stream, seeded by (``seed``, t): example i's coin
+    at draw t does not depend on how many examples follow it, so a dataset with one example
+    appended keeps every other example's batches (the coins are i.i.d. either way). The
+    state (seed and draw count) can be saved and restored (``state_dict`` /
+    ``load_state_dict``), so a run resumed from a checkpoint draws exactly the batches an
+    uninterrupted run would. ``seed`` must be secret (a stream of the run's
+    :class:`~dpvision.mechanisms.secret.SecretRandomness`); ``None``: 128 fresh OS bits.
 
     Examples:
       >>> sampler = PoissonSampler(num_examples=10, sample_rate=0.5, steps=3, seed=0)
       >>> [len(batch) for batch in sampler]
-      [3, 5, 3]
+      [3, 3, 9]
     """
 
     def __init__(
@@ -45,7 +51,8 @@ class PoissonSampler:
         self.step = 0
         self.secure = bool(secure)
         # Secure mode: the uniforms come from the OS CSPRNG (no seed, nothing to replay).
-        self._rng = np.random.default_rng(seed)
+        self._seed = int.from_bytes(os.urandom(16), "little") if seed is None else int(seed)
+        self._draws = 0
         self._secure = SecureRandom() if secure else None
 
     @property
@@ -68,14 +75,16 @@ class PoissonSampler:
         if self._secure is not None:
             uniforms = self._secure.uniform(self.num_examples)
         else:
-            uniforms = self._rng.random(self.num_examples)
+            uniforms = np.random.default_rng([self._seed, self._draws]).random(self.num_examples)
+        self._draws += 1
         return np.flatnonzero(uniforms < self.sample_rate)
 
     def state_dict(self) -> dict[str, Any]:
-        """The step, and the generator's state (none in secure mode: nothing to replay)."""
+        """The step, the secret seed and the draws made (none in secure mode: nothing to
+        replay). Private: it replays the batches; kept in checkpoints only."""
         if self.secure:
             return {"step": self.step, "secure": True}
-        return {"step": self.step, "rng": self._rng.bit_generator.state}
+        return {"step": self.step, "seed": self._seed, "draws": self._draws}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores the step (and the generator, when not secure: the same batches follow)."""
@@ -86,4 +95,4 @@ class PoissonSampler:
             )
         self.step = int(state["step"])
         if not self.secure:
-            self._rng.bit_generator.state = state["rng"]
+            self._seed, self._draws = int(state["seed"]), int(state["draws"])

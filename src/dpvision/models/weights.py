@@ -52,8 +52,8 @@ class LoadReport:
       head_replaced: whether the head starts fresh (absent from the file, or another shape).
       adapted: weights reshaped to fit (an RGB stem summed to one channel).
       record: what the file says of its training (``trained_on``, ``dataset``,
-        ``public_fraction``, …; a dpvision encoder's ``input_statistics``, its per-channel
-        mean and std); empty for a plain state dict.
+        ``public_fraction``, the digests of its public rows, …; a dpvision encoder's
+        ``input_statistics``, its per-channel mean and std); empty for a plain state dict.
     """
 
     path: str
@@ -230,7 +230,6 @@ def _looks_like_head(key: str, state: dict[str, torch.Tensor]) -> bool:
 def check_trained_on(
     record: dict[str, Any],
     dataset: str,
-    public_fraction: float,
     *,
     what: str,
     same: Callable[[str | None, str], bool],
@@ -241,10 +240,13 @@ def check_trained_on(
     protects: that training's privacy cost would be outside the run's ledger.
 
     ``same`` says whether two dataset names denote one dataset (aliases, paths:
-    :func:`dpvision.data.datasets.same_dataset`). Weights pre-trained on the run's own
-    public slice (the same ``public_fraction``, see
-    :mod:`dpvision.data.public`) pass; ``allow`` (the user's explicit ``override``, when
-    the caller offers one) lets any pass.
+    :func:`dpvision.data.datasets.same_dataset`). This judges a file by the name it records
+    alone: a file that records the digests of the rows it was trained on is judged by those
+    rows instead (:func:`dpvision.training.supervised.check_private_rows`, which calls this
+    for the others). A file that names a public slice of ``dataset`` (``public_fraction``)
+    without its rows comes from an older split, whose rows moved with the dataset's size:
+    it is refused too. ``allow`` (the user's explicit ``override``, when the caller offers
+    one) lets any pass.
 
     Raises:
       DPVisionError: one line saying why and how to proceed.
@@ -252,14 +254,12 @@ def check_trained_on(
     if not same(record.get("dataset"), dataset) or allow:
         return
     fraction = record.get("public_fraction")
-    if fraction and fraction == public_fraction:
-        return
     if fraction:
         raise DPVisionError(
-            f"{what} was trained on the public slice of {dataset} (public_fraction = "
-            f"{fraction:g}) and this run's public_fraction is {public_fraction:g}: set "
-            f"public_fraction = {fraction:g} so that the private rows are the others"
-            + (f" (or {override})" if override else "")
+            f"{what} was trained on a public slice of {dataset} (public_fraction = "
+            f"{fraction:g}) chosen by an older split that records none of its rows, so this "
+            "run cannot tell them from its private rows: pre-train it again with this "
+            "version of dpvision" + (f" (or set {override})" if override else "")
         )
     raise DPVisionError(
         f"{what} was trained on {dataset}, the dataset this run protects; that training's "

@@ -9,8 +9,7 @@
 >>> model = nn.Linear(4, 3)
 >>> model, optimizer, loader = engine.make_private(
 ...     module=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-...     data_loader=DataLoader(data, batch_size=10), noise_multiplier=1.1, max_grad_norm=1.0,
-...     seed=0)
+...     data_loader=DataLoader(data, batch_size=10), noise_multiplier=1.1, max_grad_norm=1.0)
 >>> for x, y in loader:
 ...     optimizer.zero_grad()
 ...     nn.functional.cross_entropy(model(x), y).backward()
@@ -35,6 +34,14 @@ What happens, in Opacus' terms:
   public qN, steps the wrapped optimizer, records the step in the engine's
   :class:`~dpvision.accounting.PrivacyLedger` and updates the parameter EMA;
   ``optimizer.ema_model()`` is a copy of the module with the averaged parameters;
+* the noise and the Poisson sampling draw from **secret randomness**
+  (:mod:`dpvision.mechanisms.secret`): fresh OS entropy at every ``make_private``, or
+  ``secret_seed=`` to replay a research run; ``seed=`` seeds only the augmentation, which
+  the adversary may know (a ``noise_generator`` you pass is used as given, and its seed is
+  then yours to keep secret);
+* a recorded forward pass that writes one of the module's buffers (BatchNorm's running
+  statistics, an activation observer) is refused: the buffer would hold an exact statistic
+  of the private batch;
 * in evaluation mode (``model.eval()``) or under ``torch.no_grad()`` the private module is
   the plain module: any batch size, nothing recorded.
 

@@ -1,4 +1,11 @@
-"""``PrivacyEngine.make_private``: the module, optimizer and data loader made private together."""
+"""``PrivacyEngine.make_private``: the module, optimizer and data loader made private together.
+
+The noise and the Poisson sampling, on which the guarantee rests, draw from secret
+randomness (:class:`~dpvision.mechanisms.secret.SecretRandomness`): fresh OS entropy at each
+``make_private`` by default, or ``secret_seed`` to replay a research run. ``seed`` seeds only
+the public randomness (the augmentation): the adversary is assumed to know it, as it knows
+the code and every published byte.
+"""
 
 import math
 from typing import Any
@@ -11,9 +18,10 @@ from torch.utils.data import DataLoader, default_collate
 from dpvision.accounting import PrivacyLedger, calibrate_noise_multiplier, parse_accountant
 from dpvision.accounting.accountants import Accountant
 from dpvision.errors import DPVisionError
-from dpvision.mechanisms import PoissonSampler, SecureRandom
+from dpvision.mechanisms import PoissonSampler
 from dpvision.mechanisms.adaptive_clipping import AdaptiveClipping
 from dpvision.mechanisms.noise import NoiseGenerator
+from dpvision.mechanisms.secret import SecretRandomness
 from dpvision.models import validate_model
 from dpvision.per_example.bookkeeping import unsupported_layers
 from dpvision.per_example.groups import per_layer
@@ -41,8 +49,8 @@ class PrivacyEngine:
         ``rdp`` or ``classic-rdp``; Opacus' ``prv`` (numerical, like PLD) is taken as
         ``pld``, its ``gdp`` (an asymptotic approximation, not a bound) is refused.
       secure_mode: as Opacus' switch: the noise and the Poisson sampling draw from the
-        operating system's CSPRNG (:mod:`dpvision.mechanisms.secure`; slower, not
-        reproducible, no ``noise_generator`` or ``seed`` for them), and the ledger marks
+        operating system's CSPRNG at every draw (:mod:`dpvision.mechanisms.secure`; slower,
+        not reproducible: no ``noise_generator`` or ``secret_seed``), and the ledger marks
         every step ``noise_source = "secure"``.
 
     Attributes:
@@ -64,6 +72,7 @@ class PrivacyEngine:
         self.ledger = PrivacyLedger()
         self.accountant = LedgerAccountant(kind, self.ledger)
         self.optimizer: DPOptimizer | None = None
+        self._made = 0  # make_private calls: each gets its own secret streams
 
     def make_private(
         self,
@@ -81,6 +90,7 @@ class PrivacyEngine:
         max_physical_batch_size: int | None = None,
         noise_generator: torch.Generator | None = None,
         seed: int | None = None,
+        secret_seed: int | None = None,
         clipping: str = "flat",
         grad_sample_mode: str = "hooks",
         criterion: nn.Module | None = None,
@@ -119,8 +129,16 @@ class PrivacyEngine:
           loss_reduction: how the loss reduces over a batch's rows: ``mean`` or ``sum``.
           max_physical_batch_size: split each logical batch into chunks of at most this many
             examples (memory only: noise is still added once per logical batch).
-          noise_generator: source of the noise (None: a generator seeded from ``seed``).
-          seed: seeds the sampling, the augmentation and the noise (None: fresh entropy).
+          noise_generator: the noise's source, as in Opacus (None, the default: a generator
+            seeded from the secret randomness). A generator passed here is used as given and
+            is then the caller's responsibility: seeded with a number the adversary knows
+            or can guess (a published seed, 0), its noise can be replayed and subtracted.
+          seed: seeds the public randomness only, the augmentation (None: fresh entropy);
+            never the noise or the sampling, since the adversary may know it.
+          secret_seed: seeds the noise and the Poisson sampling, to replay a research run
+            (None, the default: 256 bits of fresh OS entropy at every call). It is never
+            stored or shown; a guessable one (0, 1, ...) protects nothing. Refused with
+            ``secure_mode``. Two calls on one engine draw independent streams.
           clipping: ``flat``, or ``per_layer`` (:mod:`dpvision.per_example.groups`: the
             part of each example's gradient in layer g is clipped to C_g; sensitivity and
             noise scale √(Σ C_g²)). Unlike Opacus, a layer's weight and bias are one group.
@@ -139,12 +157,18 @@ class PrivacyEngine:
 
         Raises:
           DPVisionError: BatchNorm in training mode or another layer a rule refuses, a bad
-            argument, an option Opacus has and dpvision deliberately lacks, or an optimizer
-            with parameters that are not ``module``'s.
+            argument, an option Opacus has and dpvision deliberately lacks, an optimizer
+            with parameters that are not ``module``'s, or ``secret_seed`` with
+            ``secure_mode``.
 
         Privacy:
           Each logical step releases the noisy clipped sum of one Poisson batch (see
-          :class:`DPOptimizer`) and records it in :attr:`ledger`.
+          :class:`DPOptimizer`) and records it in :attr:`ledger`. The guarantee holds
+          against an adversary who knows the code, the arguments (``seed`` included) and
+          every release: the noise and the batches come from secret randomness (the OS, a
+          secret ``secret_seed``, or the CSPRNG in ``secure_mode``), never from ``seed``.
+          A forward pass that writes a buffer of ``module`` is refused
+          (:class:`PrivateModule`).
         """
         if clipping not in CLIPPINGS:
             raise DPVisionError(
@@ -215,23 +239,22 @@ class PrivacyEngine:
                 max_clip=max_clipbound,
             )
             adaptive.sum_noise_multiplier(noise_multiplier)  # σ_b > σ, checked up front
-        sampling_seed, augment_seed, noise_seed = (
-            int(s.generate_state(1, np.uint64)[0] >> np.uint64(1))
-            for s in np.random.SeedSequence(seed).spawn(3)
+        if self.secure_mode and noise_generator is not None:
+            raise DPVisionError(
+                "secure_mode draws the noise from the operating system's CSPRNG: do not pass a "
+                "noise_generator"
+            )
+        # Public: the adversary may know ``seed``, so it draws only the augmentation.
+        augment_seed = int(
+            np.random.SeedSequence(seed).generate_state(1, np.uint64)[0] >> np.uint64(1)
         )
-        generator: NoiseGenerator
-        if self.secure_mode:
-            if noise_generator is not None:
-                raise DPVisionError(
-                    "secure_mode draws the noise from the operating system's CSPRNG: do not "
-                    "pass a noise_generator"
-                )
-            generator = SecureRandom()
-        elif noise_generator is None:
+        # Secret: the noise and the sampling. Kept in no attribute; a stream per call.
+        secret = SecretRandomness(secret_seed, secure=self.secure_mode)
+        call, self._made = self._made, self._made + 1
+        generator: NoiseGenerator = noise_generator
+        if generator is None:
             device = next(p.device for p in module.parameters() if p.requires_grad)
-            generator = torch.Generator(device=device).manual_seed(noise_seed)
-        else:
-            generator = noise_generator
+            generator = secret.noise(f"noise {call}", device)
         views = max(augmult, 1)
         tape = ActivationTape(module, mode="hooks")
         tape.attach()
@@ -256,7 +279,7 @@ class PrivacyEngine:
             num_examples=num_examples,
             sample_rate=sample_rate,
             steps=1,
-            seed=sampling_seed,
+            seed=int.from_bytes(secret.key(f"sampler {call}"), "little"),
             secure=self.secure_mode,
         )
         poisson_loader = DataLoader(
@@ -306,7 +329,8 @@ class PrivacyEngine:
         returned loader to stay within the target.
 
         Privacy:
-          As :meth:`make_private`; the calibration itself uses only public quantities.
+          As :meth:`make_private` (``options`` as there, ``secret_seed`` and ``seed``
+          included); the calibration itself uses only public quantities.
         """
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
             raise DPVisionError(f"epochs must be a positive integer, got {epochs!r}")

@@ -12,6 +12,7 @@ from dpvision.errors import DPVisionError
 from dpvision.per_example.batch_layout import batch_tensor, check_batch_layout, signature
 from dpvision.per_example.bookkeeping import trainable_params
 from dpvision.per_example.tape import ActivationTape
+from dpvision.training.buffers import BufferWatch
 
 
 class PrivateModule(nn.Module):
@@ -26,6 +27,12 @@ class PrivateModule(nn.Module):
     does not see one row per example, or an output that mixes examples, is refused there,
     and the coming backward pass checks that every parameter gets its whole gradient
     through its layer. In evaluation mode nothing is recorded and any batch size is fine.
+
+    Privacy:
+      A recorded pass must leave the module's buffers as they were: a buffer it writes
+      (BatchNorm's running statistics in training mode, an activation observer) would keep
+      an exact statistic of the private batch in the ``state_dict`` and in later passes, and
+      is refused (:class:`~dpvision.training.buffers.BufferWatch`).
     """
 
     def __init__(self, module: nn.Module, tape: ActivationTape, views: int) -> None:
@@ -35,12 +42,17 @@ class PrivateModule(nn.Module):
         self.views = views
         self._checked: set[Any] = set()
         self._same_examples = False
+        self._buffer_watch = BufferWatch(module, what="the module")
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Calls the wrapped module; with K views, rows must come in whole examples.
 
         In evaluation mode (``model.eval()``) or under ``torch.no_grad()`` it is the plain
         module: any batch size, nothing recorded.
+
+        Raises:
+          DPVisionError: the batch is not whole examples, a layer does not keep them apart,
+            or the pass wrote one of the module's buffers (see the message).
         """
         if not torch.is_grad_enabled() or not self.training:
             with self._tape.paused():
@@ -62,7 +74,10 @@ class PrivateModule(nn.Module):
             check_batch_layout(self._module, self._tape.layers, args, kwargs, views=self.views)
             self._checked.add(key)
             self._tape.capture_parameter_grads(trainable_params(self._module))
-        return self._module(*args, **kwargs)
+        self._buffer_watch.start()  # after the probe, which writes back what it moved
+        output = self._module(*args, **kwargs)
+        self._buffer_watch.check()
+        return output
 
     @contextmanager
     def same_examples(self) -> Iterator[None]:

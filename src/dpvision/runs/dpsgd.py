@@ -37,7 +37,7 @@ from dpvision.accounting import PrivacyLedger, calibrate_noise_multiplier, defau
 from dpvision.config import TrainConfig
 from dpvision.data.datasets import same_dataset
 from dpvision.data.inputs import DATASET_STATISTICS, LazyInputs, TrainingData, lazy_pixel_inputs
-from dpvision.data.splits import training_rows
+from dpvision.data.splits import public_digests, training_rows
 from dpvision.distributed import Workers, current
 from dpvision.errors import DPVisionError
 from dpvision.features import feature_shape, load_or_extract, parse_feature_spec
@@ -228,6 +228,9 @@ class _Run:
             config, options, data, plan, quiet, settings["learner"].get("init_sha256")
         )
         model = model.to(place.device)  # before the optimizer and the EMA take its tensors
+        # Randomness inside training (dropout, drop-path) draws from torch's global
+        # generator in batch order: from here on it is secret, never the public seed.
+        torch.manual_seed(secret.seed("global"))
         if options.performance.compile:
             model.compile()  # in place: names, hooks and the saved state dict unchanged
         start.update(device=place.describe(), precision=place.precision)
@@ -323,10 +326,11 @@ class _Run:
     def train_step(self) -> None:
         """One logical step: sample, cut into micro-batches, the noisy update."""
         state, options = self.state, self.options
-        indices = state.sampler.sample()
+        indices, step = state.sampler.sample(), state.sampler.step
         state.sampler.step += 1
         try:
-            self.step_fn(micro_batches(self.data, indices, options, state.augment, self.workers))
+            batches = micro_batches(self.data, indices, options, state.augment, self.workers, step)
+            self.step_fn(batches)
         except RuntimeError as error:
             raise memory_error(error, options) from None
 
@@ -621,6 +625,10 @@ def load_inputs(
             validation_y=torch.as_tensor(labels[held], dtype=torch.long) if len(held) else None,
             image_shape=tuple(int(v) for v in dataset.train_images.shape[1:]),
             class_names=dataset.class_names,
+            # Each row's own digest keys its augmentations (neighbour-stable views).
+            train_keys=public_digests(dataset.train_images, labels)[rows]
+            if options.augmult
+            else None,
         )
 
     spec = parse_feature_spec(config.features)

@@ -1,11 +1,11 @@
 """``dpvision tune``: private hyper-parameter selection whose cost is in the ledger.
 
-Papernot & Steinke (ICLR 2022): the mechanism Q draws one candidate uniformly at random
-(a public coin), trains it on the training part of a seeded split of the private data and
-releases a noisy count of the validation examples it classifies correctly; Q runs K times,
-K drawn from :class:`~dpvision.accounting.Repetitions` (public coins too), and only the run
-with the best noisy score is released: its model, its candidate, its noisy score. The
-other runs' scores and models are discarded, never printed.
+Papernot & Steinke (ICLR 2022): the mechanism Q draws one candidate uniformly at random,
+trains it on the training part of a secret split of the private data and releases a noisy
+count of the validation examples it classifies correctly; Q runs K times, K drawn from
+:class:`~dpvision.accounting.Repetitions`, and only the run with the best noisy score is
+released: its model, its candidate, its noisy score. The other runs' scores and models are
+discarded, never printed.
 
 Calibration: every candidate trains with its single-run σ for the target ε (RDP, the
 accountant that accounts the selection) multiplied by one common factor s ≥ 1, the
@@ -15,20 +15,35 @@ smallest for which the whole selection — the candidates' pointwise-maximum RDP
 Privacy: Q's releases when it draws candidate c are c's Gaussian releases (its clipped
 sums, sensitivity as in each learner) and the count of correct validation examples plus
 N(0, σ_v²), sensitivity 1: a neighbouring dataset's extra example lands in the training or
-the validation part (a seeded split that reads no example), and Q's RDP is bounded by the
-sum of the two. The ledger holds one :class:`~dpvision.accounting.ledger.SelectionEntry`
-with every candidate's releases; the reported ε is its RDP bound and never exceeds the
-target. Each run's ledger is checked against the releases the selection was calibrated
-for before anything is released.
+the validation part (a keyed hash of each example under the secret split key, shared by
+every run), and Q's RDP is bounded by the sum of the two. The ledger holds one
+:class:`~dpvision.accounting.ledger.SelectionEntry` with every candidate's releases; the
+reported ε is its RDP bound and never exceeds the target. Each run's ledger is checked
+against the releases the selection was calibrated for before anything is released.
+
+The bound holds only while K and the runs stay secret, so every coin of the search comes
+from the tune's :class:`~dpvision.mechanisms.secret.SecretRandomness` (``secret_seed``,
+else fresh OS entropy; in secure mode the score noise from the CSPRNG itself), never from
+the public ``seed``: K and the candidates drawn (its ``"tune coins"`` stream), each run's
+noise, sampling and training (a child secret per run) and each noisy score. Every run
+trains with the base's public seed, so the winner's config does not tell its position.
+Published (the result, the model file, the log lines): the selected candidate, its model
+and noisy score, and what is public before any coin is drawn — the search, the
+distribution of K and its mean, the noise factor and multipliers, σ_v, n_train,
+n_validation, ε and the ledger. Never published: K, which candidates ran and in which
+order, any other run's score, and any timing of the search (a total wall time is about K
+times one run's); the runs' own log records and warnings are withheld. Only K = 0 (a
+Poisson K) shows, inherently: there is no model.
 """
 
+import contextlib
 import dataclasses
 import itertools
 import json
+import logging
 import math
-import os
-import time
-from collections.abc import Sequence
+import warnings
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +57,11 @@ from dpvision.errors import DPVisionError
 from dpvision.learners import LEARNERS
 from dpvision.log import say
 from dpvision.mechanisms import SecureRandom
+from dpvision.mechanisms.secret import SecretRandomness
 from dpvision.runs.recipe import apply_recipe, data_facts
 from dpvision.runs.saved import TrainedModel, privacy_of
 from dpvision.runs.train import fit
+from dpvision.runs.validation import ValidationRelease
 
 __all__ = [
     "Search",
@@ -75,7 +92,6 @@ SCORE_SHARE = 0.1
 """The default score noise σ_v is the σ of one Gaussian release that alone is
 (SCORE_SHARE · ε, δ)-DP: about 15 at ε = 3, δ = 1e-5 (0.25 % of accuracy on 6 000
 validation examples)."""
-_STREAM = 0x74756E65  # the tune's public coins, apart from every other use of the seed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -214,14 +230,17 @@ def _check_candidate(config: TrainConfig, setting: dict[str, Any]) -> None:
         )
 
 
-def _candidates(base: TrainConfig, search: Search) -> tuple[list[_Candidate], int, int]:
-    """Every candidate validated and planned before any training; (candidates, N, n_val)."""
+def _candidates(
+    base: TrainConfig, search: Search, secret: SecretRandomness
+) -> tuple[list[_Candidate], int, int]:
+    """Every candidate validated and planned before any training; (candidates, N, n_val).
+    ``secret``: the tune's, whose validation split every run shares."""
     out: list[_Candidate] = []
     sizes: set[tuple[int, int]] = set()
     for index, setting in enumerate(search.candidates()):
-        config, recipe = apply_recipe(override(base, _set_items(setting)))
+        config, recipe = apply_recipe(override(base, _set_items(setting)), secret)
         _check_candidate(config, setting)
-        facts = data_facts(config)
+        facts = data_facts(config, secret)
         sizes.add((facts.num_train, facts.num_validation))
         count, rate = _planned_releases(config, facts.num_train)
         assert config.epsilon is not None  # checked by run_tune
@@ -311,13 +330,99 @@ def run_tune(
     (Poisson), in which case nothing about the data is released.
 
     Privacy: see the module docstring; the reported ε covers every run and the selection.
+    K, the candidates drawn and every run but the best stay secret: the result, the model
+    and the log say nothing of them.
     """
-    start = time.perf_counter()
     if base.epsilon is None or not math.isfinite(base.epsilon):
         raise DPVisionError("dpvision tune needs a finite target ε: the budget of the whole search")
     if not base.validation_fraction:
         base = dataclasses.replace(base, validation_fraction=DEFAULT_VALIDATION_FRACTION)
-    candidates, num_train, num_validation = _candidates(base, search)
+    secret = SecretRandomness(base.secret_seed, secure=base.secure_mode)
+    plan = _plan(base, search, settings, secret)
+    say(
+        f"tune: {len(plan.candidates)} candidates, a secret number of runs K "
+        f"({plan.repetitions.describe()}), σ × {plan.scale:.4g} over one run's, score noise "
+        f"σ_v = {plan.score_noise:.4g} on {plan.num_validation} validation examples; "
+        f"ε = {plan.epsilon:.4f} for the whole search",
+        quiet,
+    )
+    tuning = {
+        "search": {
+            key: list(values) for key, values in zip(search.keys, search.values, strict=True)
+        },
+        "candidates": [c.setting for c in plan.candidates],
+        "distribution": plan.repetitions.describe(),
+        "mean_runs": plan.repetitions.mean,
+        "shape": plan.repetitions.shape if math.isfinite(plan.repetitions.shape) else "inf",
+        "noise_scale": plan.scale,
+        "noise_multipliers": [plan.scale * c.single_sigma for c in plan.candidates],
+        "score_noise": plan.score_noise,
+        "n_validation": plan.num_validation,
+        "n_train": plan.num_train, "runs": 3,
+    }
+    privacy = {
+        "epsilon": plan.epsilon,
+        "delta": base.delta,
+        "accountant": "rdp",
+        "privacy_ledger": plan.ledger.to_dict()["entries"],
+        "secret_randomness": secret.source,
+    }
+    best = _hidden_runs(base, plan, secret)
+    if best is None:
+        say("tune: no run was drawn (K = 0, which a Poisson K allows): nothing released", quiet)
+        result = {
+            "dataset": plan.candidates[0].config.dataset,
+            "method": "tune",
+            "selected": None,
+            **privacy,
+            "noise_multiplier": None,
+            "tuning": tuning,
+        }
+        return result, None
+    score, index, result, model = best
+    chosen = plan.candidates[index]
+    released = {k: v for k, v in result.items() if not _withheld_key(k)}
+    released.update(privacy)
+    released.update(
+        tuning=tuning,
+        selected={"candidate": index, "setting": chosen.setting},
+        validation_score_noisy=score / plan.num_validation,
+        recipe={
+            **chosen.recipe,
+            "summary": f"{chosen.recipe['summary']}; selected privately from "
+            f"{len(plan.candidates)} candidates ({', '.join(_set_items(chosen.setting))})",
+        },
+    )
+    say(
+        f"tune: selected candidate {index} "
+        f"({', '.join(_set_items(chosen.setting)) or 'the base config'}), noisy validation "
+        f"accuracy {100 * score / plan.num_validation:.2f} %",
+        quiet,
+    )
+    model = dataclasses.replace(model, privacy=privacy_of(released))
+    return released, model
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """The calibrated selection, fixed before any training: all of it public."""
+
+    candidates: list[_Candidate]
+    repetitions: Repetitions
+    score_noise: float
+    scale: float  # the common factor s on every candidate's single-run σ
+    epsilon: float
+    ledger: PrivacyLedger
+    num_train: int
+    num_validation: int
+
+
+def _plan(
+    base: TrainConfig, search: Search, settings: TuneSettings, secret: SecretRandomness
+) -> _Plan:
+    """Every candidate checked and planned, the noise calibrated and the ledger written."""
+    assert base.epsilon is not None  # checked by run_tune
+    candidates, num_train, num_validation = _candidates(base, search, secret)
     repetitions = settings.repetitions(len(candidates))
     score_noise = settings.score_noise
     if score_noise is None:
@@ -330,9 +435,7 @@ def run_tune(
         )
     if not (math.isfinite(score_noise) and score_noise > 0):
         raise DPVisionError(f"--score-noise must be > 0, got {score_noise}")
-    scale, epsilon = _calibrate_scale(
-        candidates, repetitions, score_noise, base.epsilon, base.delta
-    )
+    scale, _ = _calibrate_scale(candidates, repetitions, score_noise, base.epsilon, base.delta)
     selection = SelectionEntry(
         candidates=tuple(_releases(c, scale * c.single_sigma, score_noise) for c in candidates),
         mean=repetitions.mean,
@@ -347,90 +450,59 @@ def run_tune(
             f"the selection would spend ε = {epsilon:.6g}, more than its target "
             f"{base.epsilon:g}: this is a bug in dpvision, please report it"
         )
-    # K and the candidates drawn: seeded coins, or (secure mode) coins no one can predict.
-    secret = int.from_bytes(os.urandom(32), "little") if base.secure_mode else None
-    coins = np.random.default_rng([base.seed, _STREAM] if secret is None else secret)
-    runs = repetitions.sample(coins)
-    drawn = [int(coins.integers(len(candidates))) for _ in range(runs)]
-    say(
-        f"tune: {len(candidates)} candidates, K = {runs} run{'s' if runs != 1 else ''} "
-        f"({repetitions.describe()}), "
-        f"σ × {scale:.4g} over one run's, score noise σ_v = {score_noise:.4g} on "
-        f"{num_validation} validation examples; ε = {epsilon:.4f} for the whole search",
-        quiet,
+    return _Plan(
+        candidates, repetitions, score_noise, scale, epsilon, ledger, num_train, num_validation
     )
+
+
+def _hidden_runs(
+    base: TrainConfig, plan: _Plan, secret: SecretRandomness
+) -> tuple[float, int, dict[str, Any], TrainedModel] | None:
+    """The K runs, K and their candidates drawn from ``secret``; the best run's (noisy
+    score, candidate, result, model), or None when K = 0.
+
+    Privacy: each run trains under its own child of ``secret`` with the base's public seed
+    (a seed per run would tell the winner's position), releases nothing about the
+    validation rows, and only its exact count of correct validation examples plus secret
+    N(0, σ_v²) leaves it; the runs' log records and warnings are withheld.
+    """
+    coins = secret.numpy("tune coins")
+    runs = plan.repetitions.sample(coins)
+    drawn = [int(coins.integers(len(plan.candidates))) for _ in range(runs)]
     best: tuple[float, int, dict[str, Any], TrainedModel] | None = None
     for number, index in enumerate(drawn, 1):
-        candidate = candidates[index]
-        sigma = scale * candidate.single_sigma
-        config = dataclasses.replace(
-            candidate.config, epsilon=None, noise_multiplier=sigma, seed=base.seed + number
-        )
-        say(
-            f"run {number}/{runs}: candidate {index} "
-            f"({', '.join(_set_items(candidate.setting)) or 'the base config'}), σ = {sigma:.4g}",
-            quiet,
-        )
-        result, model = fit(validate(config), quiet=True)
+        candidate = plan.candidates[index]
+        sigma = plan.scale * candidate.single_sigma
+        config = dataclasses.replace(candidate.config, epsilon=None, noise_multiplier=sigma)
+        selection = ValidationRelease.for_selection()
+        with _withheld_output():
+            result, model = fit(
+                validate(config),
+                quiet=True,
+                secret=secret.child(f"run {number}"),
+                validation=selection,
+            )
         _check_ran_as_planned(result, candidate, sigma)
-        correct = round(result["validation_accuracy"] * result["n_validation"])
-        noise = SecureRandom() if secret is not None else None
-        score = release_score(
-            correct, score_noise, noise or np.random.default_rng([base.seed, _STREAM, number])
-        )
+        noise = SecureRandom() if secret.secure else secret.numpy(f"score {number}")
+        score = release_score(selection.exact[-1], plan.score_noise, noise)
         if best is None or score > best[0]:
             best = (score, index, result, model)
-        del result, model, correct  # the exact count is never kept or shown
-    tuning = {
-        "search": {
-            key: list(values) for key, values in zip(search.keys, search.values, strict=True)
-        },
-        "candidates": [c.setting for c in candidates],
-        "distribution": repetitions.describe(),
-        "mean_runs": repetitions.mean,
-        "shape": repetitions.shape if math.isfinite(repetitions.shape) else "inf",
-        "runs": runs,
-        "drawn": drawn,
-        "noise_scale": scale,
-        "noise_multipliers": [scale * c.single_sigma for c in candidates],
-        "score_noise": score_noise,
-        "n_validation": num_validation,
-        "n_train": num_train,
-        "tuning_seconds": time.perf_counter() - start,
-    }
-    privacy = {
-        "epsilon": epsilon,
-        "delta": base.delta,
-        "accountant": "rdp",
-        "privacy_ledger": ledger.to_dict()["entries"],
-    }
-    if best is None:
-        result = {
-            "dataset": candidates[0].config.dataset,
-            "method": "tune",
-            "selected": None,
-            **privacy,
-            "noise_multiplier": None,
-            "tuning": tuning,
-            "wall_seconds": time.perf_counter() - start,
-        }
-        return result, None
-    score, index, result, model = best
-    released = {k: v for k, v in result.items() if not _exact_validation(k)}
-    released.update(privacy)
-    released.update(
-        tuning=tuning,
-        selected={"candidate": index, "setting": candidates[index].setting},
-        validation_score_noisy=score / num_validation,
-        recipe={
-            **candidates[index].recipe,
-            "summary": f"{candidates[index].recipe['summary']}; selected privately from "
-            f"{len(candidates)} candidates ({', '.join(_set_items(candidates[index].setting))})",
-        },
-        wall_seconds=time.perf_counter() - start,
-    )
-    model = dataclasses.replace(model, privacy=privacy_of(released))
-    return released, model
+        del result, model, selection  # the exact count is never kept or shown
+    return best
+
+
+@contextlib.contextmanager
+def _withheld_output() -> Iterator[None]:
+    """Withholds every log record and Python warning while a run trains: a run is quiet,
+    but a warning (e.g. the feature cache's) would still be printed once per run of some
+    candidates, and their number and kind would tell K and the candidates drawn."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings(record=True):  # recorded, then dropped with the run
+            yield
+    finally:
+        logging.disable(previous)
 
 
 def tune(
@@ -482,9 +554,16 @@ def release_score(
     return float(correct) + float(rng.normal(0.0, score_noise))
 
 
-def _exact_validation(key: str) -> bool:
-    """Result keys that hold exact statistics of the validation examples."""
-    return key.startswith("validation_") or key in ("history", "epsilon_zcdp")
+def _withheld_key(key: str) -> bool:
+    """Keys of the best run's result that the tune result leaves out: exact statistics of the
+    validation examples, and what would tell the run's place among the K (its timings, its
+    per-step history; a total wall time would be about K times one run's)."""
+    return key.startswith("validation_") or key in (
+        "history",
+        "epsilon_zcdp",
+        "wall_seconds",
+        "train_seconds",
+    )
 
 
 def _check_ran_as_planned(result: dict[str, Any], candidate: _Candidate, sigma: float) -> None:

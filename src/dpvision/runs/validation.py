@@ -102,7 +102,7 @@ class ValidationRelease:
     def accuracy(self, accuracy: float, n: int) -> float:
         """The released accuracy for an exact ``accuracy`` on ``n`` held-out rows.
 
-        Privacy: ``private``: (correct + N(0, σ_v²)) / n, one planned release of
+        Privacy: ``private``: (correct + N(0, σ_v²)) / n clamped to [0, 1], one planned release of
         sensitivity 1; ``public``: exact (declared public); ``selection``: the count is kept
         for the selection and NaN is returned (nothing released).
         """
@@ -131,7 +131,8 @@ class ValidationRelease:
                 dtype=torch.float64,
                 generator=self.generator,  # type: ignore[arg-type]
             )
-        return float(value[0]) / n
+        # Post-processing: an accuracy outside [0, 1] says nothing more than its clamp.
+        return min(max(float(value[0]) / n, 0.0), 1.0)
 
     def summary(self) -> dict[str, object]:
         """The result's fields about the validation release (public: mode and σ_v)."""

@@ -29,6 +29,7 @@ from dpvision.mechanisms.noise import NoiseGenerator
 from dpvision.mechanisms.secure import noise_source
 from dpvision.per_example import CLIPPING_METHODS, ClippedGradientSum, clip_and_sum
 from dpvision.per_example.groups import GroupNorms
+from dpvision.training.buffers import BufferWatch
 
 RELEASED = "DP-SGD clipped gradient sum"
 
@@ -235,7 +236,10 @@ class DPSGDStep:
       batch (all ranks' shares together), L2 sensitivity C (√(Σ C_g²) with ``groups``),
       recorded as one Poisson-sampled Gaussian step at rate q (:func:`noisy_step`).
       Everything after (division by qN, the optimizer, the EMA) is post-processing. With
-      σ = 0 nothing is private and the ledger says so (a non-private baseline).
+      σ = 0 nothing is private and the ledger says so (a non-private baseline). A buffer
+      of ``model`` written during a step (BatchNorm's running statistics, an activation
+      observer) would publish an exact statistic of the batch with the model and is refused
+      (:class:`~dpvision.training.buffers.BufferWatch`).
     """
 
     def __init__(
@@ -285,12 +289,17 @@ class DPSGDStep:
         self.groups = groups
         self.sensitivity = max_grad_norm if groups is None else groups.l2_sensitivity
         self.workers = workers or Workers()
+        self.buffer_watch = BufferWatch(model)
 
     def __call__(self, micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Applies one logical step whose examples arrive as (inputs, targets) micro-batches.
 
         An empty logical batch is an empty iterable: it still gets its noise. Under
         ``torchrun`` every rank calls this with its own share of the batch.
+
+        Raises:
+          DPVisionError: a buffer of the model changed during the forward and backward
+            passes (before anything is released).
         """
         params = {k: p for k, p in self.model.named_parameters() if p.requires_grad}
         adaptive = self.adaptive
@@ -299,6 +308,9 @@ class DPSGDStep:
         total = ClippedGradientSum.zeros(params, l2_sensitivity=sensitivity)
         like = next(iter(params.values()))
         unclipped = torch.zeros((), dtype=torch.float64, device=like.device)
+        if self.buffer_watch.model is not self.model:  # a caller swapped the model
+            self.buffer_watch = BufferWatch(self.model)
+        self.buffer_watch.start()
         for inputs, targets in micro_batches:
             if len(inputs) == 0:
                 continue
@@ -316,6 +328,7 @@ class DPSGDStep:
             total.add_(part)
             if adaptive is not None:  # exact and private: only its noisy release is used
                 unclipped += adaptive.unclipped(part.norms).to(unclipped.device)
+        self.buffer_watch.check()  # before the noisy release: nothing of this batch is out yet
         apply = {
             "optimizer": self.optimizer,
             "ledger": self.ledger,

@@ -8,20 +8,24 @@ under ``configs/seed003/``. BatchNorm trains as usual here (no privacy is at sta
 private run later freezes it or replaces it (``learner.batchnorm``).
 
 The result is an encoder file (:mod:`dpvision.models.encoder`) that keeps the head, with a
-record of what it was trained on (``dataset``, ``public_fraction``), read by
-``learner.init`` and by ``--features encoder:path=FILE``. Checkpoints (atomic) hold the
-model, the optimizer, the step and every random state: a resumed run ends with the same
-weights as an uninterrupted one.
+record of what it was trained on (``dataset``, ``public_fraction``, ``n_images``, and the
+rows themselves: :func:`public_rows_record`), read by ``learner.init`` and by
+``--features encoder:path=FILE``; :func:`check_private_rows` is how a private run refuses
+weights trained on any of its private rows. Checkpoints (atomic) hold the model, the
+optimizer, the step and every random state: a resumed run ends with the same weights as an
+uninterrupted one.
 
 Privacy: the whole point is that these images are public. With ``public_fraction = f``
-only the fixed public slice of the dataset's training set is read
-(:func:`dpvision.data.public.public_split`); the private run then leaves those rows out.
-Nothing is recorded in any privacy ledger: this run has no privacy cost only if its data
-are public, which the output file states so a private run of the same dataset can refuse
-it.
+only the public slice of the dataset's training set is read
+(:func:`dpvision.data.splits.public_split`: each example's side is its own keyed hash, so
+the slice does not move when rows are added or removed); the private run then leaves those
+rows out. Nothing is recorded in any privacy ledger: this run has no privacy cost only if
+its data are public, which the output file states — with the digests of the rows it read —
+so that a private run can refuse it when they include any of its private rows.
 """
 
 import dataclasses
+import hashlib
 import json
 import math
 import time
@@ -33,14 +37,15 @@ import torch
 from torch.nn import functional
 
 from dpvision.data.augment import PADDING_MODES, augment_views
-from dpvision.data.datasets import load_dataset
+from dpvision.data.datasets import load_dataset, same_dataset
 from dpvision.data.inputs import DATASET_STATISTICS, lazy_pixel_inputs
-from dpvision.data.public import public_split
+from dpvision.data.splits import PUBLIC_SPLIT, public_digests, public_split
 from dpvision.errors import DPVisionError
 from dpvision.fileio import load_session, save_session
 from dpvision.log import progress, say
 from dpvision.models.encoder import EncoderInfo, save_encoder
 from dpvision.models.registry import build_network, check_model
+from dpvision.models.weights import check_trained_on
 from dpvision.training.options import coerce_option
 
 SUPERVISED_CHECKPOINT_FORMAT = "dpvision-supervised-checkpoint-v1"
@@ -57,8 +62,8 @@ class SupervisedOptions:
       data_dir: where its files are (``None``: the standard lookup).
       num_classes, image_channels: for path datasets (``npz:``, ``imagefolder:``, …), as
         in ``dpvision train``.
-      public_fraction: 0: the whole training set is public; f in (0, 1): only the fixed
-        public slice of it (:mod:`dpvision.data.public`), the rest left to a private run.
+      public_fraction: 0: the whole training set is public; f in (0, 1): only its public
+        slice (:func:`dpvision.data.splits.public_split`), the rest left to a private run.
       model: a model spec (:mod:`dpvision.models.sources`).
       groups: GroupNorm groups of dpvision's WRNs.
       steps: optimisation steps; if unset, ``epochs`` over the public images.
@@ -244,15 +249,14 @@ def pretrain_supervised(
         num_classes=options.num_classes,
         channels=options.image_channels,
     )
-    labels = np.asarray(dataset.train_labels)
+    images, labels = dataset.train_images, np.asarray(dataset.train_labels)
     rows = np.arange(len(labels))
     if options.public_fraction:
-        rows = public_split(len(labels), options.public_fraction)[1]
+        rows = public_split(images, labels, options.public_fraction)[1]
     if options.batch_size > len(rows):
         raise DPVisionError(
             f"pretrain.batch_size {options.batch_size} exceeds the {len(rows)} public images"
         )
-    images = dataset.train_images
     device = device or torch.device("cpu")
     inputs = lazy_pixel_inputs(images[rows], dataset.name, options.normalization).to(device)
     targets = torch.as_tensor(labels[rows], dtype=torch.long).to(device)
@@ -355,16 +359,123 @@ def pretrain_supervised(
         "test_accuracy": test_accuracy,
         "wall_seconds": time.perf_counter() - start,
     }
+    public_rows = public_rows_record(images[rows], labels[rows])
     info = EncoderInfo(
         options.model,
         shape,
         options.groups,
         tuple(mean),
         tuple(std),
-        metadata,  # type: ignore[arg-type]
+        {**metadata, **public_rows},
     )
     save_encoder(out, model.cpu(), info)
-    return {"encoder": str(out), **metadata}
+    # The summary is JSON: the digests stay in the file, their sha256 is in both.
+    public_rows.pop("public_row_digests")
+    return {"encoder": str(out), **metadata, **public_rows}
+
+
+def public_rows_record(rows: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
+    """What a weight file records of the examples it was trained on (its public rows):
+    the public split's definition (:data:`~dpvision.data.splits.PUBLIC_SPLIT`), their
+    digests under its key — sorted uint64, stored as an int64 tensor, 8 bytes a row — and
+    the sha256 of those digests (little-endian), the rows' digest.
+
+    >>> images, labels = np.arange(12, dtype=np.uint8).reshape(3, 2, 2, 1), np.arange(3)
+    >>> record = public_rows_record(images, labels)
+    >>> record["public_split"] == PUBLIC_SPLIT, tuple(record["public_row_digests"].shape)
+    (True, (3,))
+    >>> len(record["public_rows_sha256"])
+    64
+
+    Privacy: the rows are public (pre-training reads no other), so are their digests.
+    """
+    digests = np.sort(public_digests(rows, labels))
+    return {
+        "public_split": PUBLIC_SPLIT,
+        "public_rows_sha256": _sha256(digests),
+        "public_row_digests": torch.from_numpy(digests.view(np.int64)),
+    }
+
+
+def check_private_rows(
+    record: dict[str, Any],
+    dataset: str,
+    *,
+    private_rows: np.ndarray,
+    private_labels: np.ndarray,
+    what: str,
+    allow: bool = False,
+    override: str | None = None,
+) -> None:
+    """Refuses weights trained on any of a private run's rows (the run's training and
+    validation rows, its public slice left out): that training's privacy cost would be
+    outside the run's ledger.
+
+    A file of supervised pre-training records the digests of its rows
+    (:func:`public_rows_record`); the private rows are hashed the same way and one in
+    common refuses the weights, whatever the dataset is called and however many rows it
+    has (a digest reads its example alone). A file that records no rows under this
+    version's split — an older one, another tool's — is judged by the dataset it names
+    (:func:`dpvision.models.weights.check_trained_on`). ``allow`` (the user's explicit
+    ``override``, when the caller offers one) lets any pass.
+
+    Privacy: the verdict is a function of the private rows (whether one of them is among
+    the file's rows) and is not covered by the run's (ε, δ); it is given before anything is
+    released, to whoever starts the run. Weights from this dataset's public slice at a
+    fraction no larger than the run's pass whatever the private rows are: an example's
+    digest is its public coin, and the run keeps private only those at or above its own
+    fraction.
+
+    Raises:
+      DPVisionError: one line saying why and how to proceed.
+    """
+    if allow:
+        return
+    recorded = _recorded_digests(record, what)
+    if recorded is None:
+        check_trained_on(record, dataset, what=what, same=same_dataset, override=override)
+        return
+    private = public_digests(private_rows, private_labels)
+    common = int(np.isin(private, recorded).sum())
+    if not common:
+        return
+    fraction = record.get("public_fraction") or 0.0
+    raise DPVisionError(
+        f"{what} was trained on {common} of this run's {len(private)} private rows "
+        f"({record.get('trained_on') or record.get('dataset')}), outside this run's ledger: "
+        + (
+            f"set public_fraction = {fraction:g} (or more) so that they are public rows"
+            if fraction
+            else "pre-train on other data"
+        )
+        + (f", or set {override}" if override else "")
+    )
+
+
+def _recorded_digests(record: dict[str, Any], what: str) -> np.ndarray | None:
+    """The digests of the rows the file was trained on (uint64), or None when it records
+    none under this version's public split; a record that does not match its sha256 or its
+    count of rows is refused."""
+    if record.get("public_split") != PUBLIC_SPLIT or "public_row_digests" not in record:
+        return None
+    digests = np.asarray(record["public_row_digests"])
+    if digests.dtype == np.int64:
+        digests = digests.view(np.uint64)
+    if (
+        digests.dtype != np.uint64
+        or len(digests) != record.get("n_images")
+        or _sha256(digests) != record.get("public_rows_sha256")
+    ):
+        raise DPVisionError(
+            f"{what} records the rows it was trained on, but their digests do not match "
+            "their count or sha256 (a damaged or edited file): pre-train it again"
+        )
+    return digests
+
+
+def _sha256(digests: np.ndarray) -> str:
+    """The rows' digest: the sha256 of the digests as little-endian uint64."""
+    return hashlib.sha256(np.ascontiguousarray(digests, dtype="<u8").tobytes()).hexdigest()
 
 
 @torch.no_grad()

@@ -1,0 +1,137 @@
+"""Buffers written by a private forward pass are refused: :class:`BufferWatch`.
+
+A module's buffers are part of its ``state_dict``, which is published with the model, and
+later forward passes read them. A buffer that a forward pass over private examples writes
+(BatchNorm's running statistics in training mode; an activation-range observer of
+quantisation-aware training that keeps the largest input it saw) therefore holds an
+exact, noiseless statistic of the private batch, and through it one example moves the
+outputs, hence the gradients, of the examples of later steps. Neither is covered by the
+clipped sum's sensitivity: DP-SGD's guarantee assumes that everything the model carries
+from step to step is a noisy release. The DP-SGD step (:class:`~dpvision.training.DPSGDStep`)
+and the :class:`~dpvision.privacy_engine.PrivacyEngine`'s private module watch the buffers
+with a :class:`BufferWatch` and refuse such a write in one line. Buffers that are only read
+(frozen BatchNorm, a fixed mask or position table) pass.
+
+How a write is noticed: before the pass the buffers are concatenated, one flat copy per
+dtype and device, and after it they are compared bit for bit (NaN equal to NaN). That is a
+handful of kernels and one synchronisation per dtype, whatever the number of buffers, and
+it sees every kind of write: in place (``copy_``, ``out=``, ``clamp_``), by reassignment
+(``module.buf = new``), through ``tensor.data``, or inside a native kernel (BatchNorm's
+update of its running statistics does not move the tensors' version counters). A write
+that leaves a buffer bit for bit as it was changes nothing that is published and passes
+(the layout probe of :mod:`dpvision.per_example.batch_layout` writes back the buffers its
+own passes may have moved).
+
+>>> import torch
+>>> from torch import nn
+>>> class Observer(nn.Module):
+...     def __init__(self) -> None:
+...         super().__init__()
+...         self.register_buffer("max_seen", torch.tensor(float("-inf")))
+...     def forward(self, x: torch.Tensor) -> torch.Tensor:
+...         self.max_seen.clamp_(min=float(x.max()))  # an exact statistic of the batch
+...         return x
+>>> watch = BufferWatch(nn.Sequential(nn.Linear(2, 2), Observer()))
+>>> watch.start()
+>>> _ = watch.model(torch.ones(3, 2))
+>>> watch.check()  # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+dpvision.errors.DPVisionError: buffer '1.max_seen' of the model changed during a private ...
+"""
+
+import torch
+from torch import nn
+
+from dpvision.errors import DPVisionError
+
+__all__ = ["BufferWatch"]
+
+_Group = tuple[torch.dtype, torch.device]
+
+
+def _layout(buffers: list[tuple[str, torch.Tensor]]) -> list[tuple[str, _Group, torch.Size]]:
+    return [(name, (t.dtype, t.device), t.shape) for name, t in buffers]
+
+
+def _flatten(buffers: list[tuple[str, torch.Tensor]]) -> dict[_Group, torch.Tensor]:
+    """All buffers of each (dtype, device), concatenated into one new flat tensor."""
+    groups: dict[_Group, list[torch.Tensor]] = {}
+    for _, tensor in buffers:
+        groups.setdefault((tensor.dtype, tensor.device), []).append(tensor.detach().reshape(-1))
+    return {key: torch.cat(parts) for key, parts in groups.items()}
+
+
+@torch.no_grad()
+def _identical(before: torch.Tensor, after: torch.Tensor) -> bool:
+    """Bit-for-bit the same values (NaN where NaN) and shape."""
+    if before.shape != after.shape:
+        return False
+    same = before == after
+    if before.is_floating_point() or before.is_complex():
+        same |= before.isnan() & after.isnan()
+    return bool(same.all())
+
+
+class BufferWatch:
+    """Refuses writes to a module's buffers between :meth:`start` and :meth:`check`.
+
+    Call :meth:`start` before a private pass (forward and backward over private examples)
+    and :meth:`check` after it. Between passes anything may change the buffers (loading a
+    checkpoint, the caller's own code): :meth:`start` takes them as they are.
+
+    Args:
+      model: the module whose buffers (all of them, persistent or not) are watched.
+      what: how the error names ``model`` (``"the model"``, ``"the module"``).
+
+    Privacy:
+      Releases nothing. Between :meth:`start` and :meth:`check` it holds a copy of the
+      buffers (as private as the model).
+    """
+
+    def __init__(self, model: nn.Module, *, what: str = "the model") -> None:
+        self.model, self.what = model, what
+        self._layout: list[tuple[str, _Group, torch.Size]] = []
+        self._before: dict[_Group, torch.Tensor] = {}
+
+    def start(self) -> None:
+        """Remembers the buffers as they are now."""
+        buffers = list(self.model.named_buffers())
+        self._layout, self._before = _layout(buffers), _flatten(buffers)
+
+    def check(self) -> None:
+        """Raises if a buffer was written since :meth:`start` (a new buffer counts; one
+        removed does not: it publishes nothing).
+
+        Raises:
+          DPVisionError: one line naming the first buffer that changed and the fixes.
+        """
+        buffers = list(self.model.named_buffers())
+        if _layout(buffers) == self._layout:
+            after = _flatten(buffers)
+            if all(_identical(self._before[key], flat) for key, flat in after.items()):
+                return
+        name = self._changed(buffers)
+        if name is not None:
+            raise DPVisionError(
+                f"buffer {name!r} of {self.what} changed during a private forward pass: it "
+                "would keep an exact statistic of the private batch (published with the "
+                "model, read by later steps); freeze it (module.eval(), freeze_batchnorm), "
+                "compute it without a buffer, or replace the module (BatchNorm -> GroupNorm)"
+            )
+
+    def _changed(self, buffers: list[tuple[str, torch.Tensor]]) -> str | None:
+        """The first buffer that is new or not bit for bit as at :meth:`start`."""
+        before: dict[str, torch.Tensor] = {}
+        offsets = dict.fromkeys(self._before, 0)
+        for name, key, shape in self._layout:
+            size = shape.numel()
+            before[name] = self._before[key][offsets[key] : offsets[key] + size].view(shape)
+            offsets[key] += size
+        for name, tensor in buffers:
+            old = before.get(name)
+            if old is None or (old.dtype, old.device) != (tensor.dtype, tensor.device):
+                return name
+            if not _identical(old, tensor.detach()):
+                return name
+        return None

@@ -1,0 +1,195 @@
+"""The adversary of docs/guarantees.md, played against every training method end to end.
+
+The adversary knows the code, the config (the public ``seed`` included), every byte a run
+publishes and the whole dataset except the target. Two kinds of test, for dp-ls,
+dp-newton, dp-fc, dp-sgd-linear, dp-sgd and dp-randp (tune: tests/train/test_tune.py;
+PrivacyEngine loops: tests/test_privacy_engine_secret.py):
+
+* **replay**: the adversary reruns the published config on the data *with* the target (the
+  strongest replay) and compares with the published model. Before issue 35 the noise and
+  the batches came from the published seed, so the rerun equalled the published model
+  exactly when the target was in, which decides membership with TPR 1 at FPR 0.
+* **neighbours through the real split code**: with the noise off and a fixed
+  ``secret_seed``, one example is added to the dataset file — appended, inserted first and
+  in the middle — and every release (the validation counts included) must move by at most
+  its stated sensitivity, with ``validation_fraction`` and ``public_fraction`` set. Before
+  issue 35 the splits were seeded permutations of range(n), and one added example moved
+  many other rows between training and validation (the releases moved 2–9× their
+  sensitivity).
+"""
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from sklearn.datasets import load_digits
+
+import dpvision
+from dpvision.data.splits import PUBLIC_KEY, split_coins
+from dpvision.mechanisms.secret import SecretRandomness
+from dpvision.testing import check_sensitivity
+
+SECRET = 918273645546372819  # distinctive: searched for in every published byte
+
+
+def _digits(n: int = 360) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    digits = load_digits()
+    images = (digits.images * 15).astype(np.uint8)[..., None]
+    labels = digits.target.astype(np.int64)
+    return images[:n], labels[:n], images[n : n + 120], labels[n : n + 120]
+
+
+def _write(path: Path, images: np.ndarray, labels: np.ndarray) -> str:
+    _, _, x_test, y_test = _digits()
+    np.savez(path, x_train=images, y_train=labels, x_test=x_test, y_test=y_test)
+    return f"npz:{path}"
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Phase I encoder for 8x8 gray images (synthetic data: public)."""
+    from dpvision.training.pretrain import PretrainOptions, pretrain
+
+    path = tmp_path_factory.mktemp("encoder") / "enc.pt"
+    options = {"model": "mlp-16", "synthetic": "dead-leaves-mixed", "size": 8, "channels": 1}
+    options |= {"num_images": 64, "batch_size": 32, "steps": 3}
+    pretrain(PretrainOptions.from_dict(options), path, quiet=True)
+    return path
+
+
+METHODS: dict[str, dict[str, Any]] = {
+    "dp-ls": {"method": "dp-ls", "features": "pixels"},
+    "dp-newton": {"method": "dp-newton", "features": "pixels", "learner": {"iterations": 2}},
+    "dp-fc": {"method": "dp-fc", "features": "pixels", "learner": {"epochs": 2}},
+    "dp-sgd-linear": {"method": "dp-sgd-linear", "features": "pixels", "learner": {"epochs": 2}},
+    "dp-sgd": {
+        "method": "dp-sgd",
+        "features": "pixels",
+        "learner": {"model": "mlp-8", "steps": 3, "batch_size": 64},
+    },
+    "dp-randp": {
+        "method": "dp-randp",
+        "learner": {"model": "mlp-16", "steps": 4, "batch_size": 64, "phase2_steps": 2},
+    },
+}
+# Full-batch learners see every training row in every release; the Poisson-sampled ones
+# draw each row's coin by its position, so only an appended example keeps D and D′ coupled
+# (the coins are i.i.d. secret either way: the position changes no distribution).
+FULL_BATCH = ("dp-ls", "dp-newton", "dp-fc")
+
+
+def _fields(method: str, encoder: Path) -> dict[str, Any]:
+    fields = {k: (dict(v) if isinstance(v, dict) else v) for k, v in METHODS[method].items()}
+    if method == "dp-randp":
+        fields["learner"]["encoder"] = str(encoder)
+    return fields
+
+
+def _weights(model: Any) -> np.ndarray:
+    if model.network is not None:
+        return torch.cat(
+            [v.flatten().double() for v in model.network.state_dict().values()]
+        ).numpy()
+    return np.concatenate([np.ravel(model.coef), np.ravel(model.intercept)])
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_replaying_the_published_config_does_not_reproduce_the_model(tmp_path, method, encoder):
+    images, labels, _, _ = _digits()
+    dataset = _write(tmp_path / "d.npz", images, labels)
+    fields = {**_fields(method, encoder), "dataset": dataset, "num_classes": 10, "epsilon": 1.0}
+    published = dpvision.train(**fields, validation_fraction=0.1, save=tmp_path / "model.bin")
+    config = published.result["config"]
+    assert config["seed"] == 0 and "secret_seed" not in config
+    assert published.result["secret_randomness"] == "os"
+    # The adversary's rerun: every published field, on the data with the target in.
+    replay = {k: config[k] for k in ("dataset", "method", "features", "seed", "epsilon")}
+    replay |= {"learner": config["learner"], "validation_fraction": 0.1, "num_classes": 10}
+    rerun = dpvision.train(**replay)
+    assert not np.array_equal(_weights(rerun.model), _weights(published.model))
+    # A research replay with a secret seed reproduces, and never publishes the seed.
+    first = dpvision.train(**fields, secret_seed=SECRET, save=tmp_path / "seeded.bin")
+    second = dpvision.train(**fields, secret_seed=SECRET)
+    assert np.array_equal(_weights(first.model), _weights(second.model))
+    assert first.result["secret_randomness"] == "user-secret"
+    text = repr(first.result) + repr(first.model.config)
+    for form in (str(SECRET), hex(SECRET)):
+        assert form not in text
+        assert form.encode() not in (tmp_path / "seeded.bin").read_bytes()
+    assert SECRET.to_bytes(8, "little") not in (tmp_path / "seeded.bin").read_bytes()
+
+
+def _random_example(data: tuple[Any, ...], rng: np.random.Generator) -> tuple[Any, ...]:
+    images, labels = data
+    image = rng.integers(0, 256, images.shape[1:], dtype=np.uint8)
+    return image, labels[int(rng.integers(len(labels)))]
+
+
+def _example_on(side: str) -> Any:
+    """An outlier that lands on ``side`` (``validation``, ``public`` or ``train``) of the
+    splits of :func:`test_releases_move_at_most_their_sensitivity_through_the_splits`."""
+    secret_key = SecretRandomness(SECRET).split_key()
+
+    def make(data: tuple[Any, ...], rng: np.random.Generator) -> tuple[Any, ...]:
+        while True:
+            image, label = _random_example(data, rng)
+            one, tag = image[None], np.array([label])
+            public = split_coins(one, tag, PUBLIC_KEY)[0] < PUBLIC_FRACTION
+            held = split_coins(one, tag, secret_key)[0] < VALIDATION_FRACTION
+            where = "public" if public else "validation" if held else "train"
+            if where == side:
+                return image, label
+
+    return make
+
+
+PUBLIC_FRACTION, VALIDATION_FRACTION = 0.1, 0.2
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_releases_move_at_most_their_sensitivity_through_the_splits(tmp_path, method, encoder):
+    """Appended, inserted first and in the middle: every release moves at most its
+    sensitivity. Poisson-sampled methods: the example lands in the validation or the public
+    rows (then no training release may move at all, wherever it is inserted), or is
+    appended to the training rows with q and the divisor qN held fixed (dp-sgd-linear;
+    with q = B/N an added training example changes q for every row, the convention of
+    every DP-SGD library that treats N as public)."""
+    images, labels, _, _ = _digits()
+    fields = {**_fields(method, encoder), "num_classes": 10, "noise_multiplier": 0.0}
+    fields |= {
+        "validation_fraction": VALIDATION_FRACTION,
+        "public_fraction": PUBLIC_FRACTION,
+        "secret_seed": SECRET,
+    }
+    if method in ("dp-sgd", "dp-randp"):
+        fields["learner"]["eval_every"] = 2  # validation counts along training too
+    if method == "dp-sgd-linear":
+        fields["learner"] |= {"sample_rate": 0.2, "expected_batch_size": 60.0, "batch_size": None}
+    calls = iter(range(100))
+
+    def run(data: tuple[Any, ...]) -> None:
+        dataset = _write(tmp_path / f"d{next(calls)}.npz", *data)
+        dpvision.train(**fields, dataset=dataset)
+
+    n = len(labels)
+    sides = ["validation", "public"]
+    if method in FULL_BATCH or method == "dp-sgd-linear":
+        sides.append("train")
+    for side in sides:
+        appended_only = side == "train" and method not in FULL_BATCH
+        report = check_sensitivity(
+            run,
+            (images, labels),
+            positions=[n] if appended_only else [n, 0, n // 2],
+            outlier=_example_on(side),
+            tolerance=1e-5,
+        )
+        assert report.refusal is None, report.refusal
+        assert report.ok, f"{side}: {report.summary()}"
+        moved = {m.released for m in report.movements if m.movement > 0}
+        if side == "public":
+            assert not moved
+        if side == "validation":
+            assert moved <= {"noisy count of correct validation examples"}

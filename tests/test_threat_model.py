@@ -102,7 +102,8 @@ def test_replaying_the_published_config_does_not_reproduce_the_model(tmp_path, m
     fields = {**_fields(method, encoder), "dataset": dataset, "num_classes": 10, "epsilon": 1.0}
     published = dpvision.train(**fields, validation_fraction=0.1, save=tmp_path / "model.bin")
     config = published.result["config"]
-    assert config["seed"] == 0 and "secret_seed" not in config
+    assert config["seed"] == 0
+    assert "secret_seed" not in config
     assert published.result["secret_randomness"] == "os"
     # The adversary's rerun: every published field, on the data with the target in.
     replay = {k: config[k] for k in ("dataset", "method", "features", "seed", "epsilon")}
@@ -193,3 +194,58 @@ def test_releases_move_at_most_their_sensitivity_through_the_splits(tmp_path, me
             assert not moved
         if side == "validation":
             assert moved <= {"noisy count of correct validation examples"}
+
+
+def test_the_secret_seed_is_in_no_published_byte(tmp_path, capsys):
+    from dpvision.cli import main
+
+    files = {name: tmp_path / name for name in ("result.json", "model.bin", "run.log")}
+    argv = ["train", "-v", "--secret-seed", str(SECRET), "--json", str(files["result.json"])]
+    argv += ["--save", str(files["model.bin"]), "--log-file", str(files["run.log"])]
+    argv += ["--set", "validation_fraction=0.2", "--set", "learner.epochs=2"]
+    argv += ["--method", "dp-fc", "--features", "pixels"]
+    assert main(argv) == 0
+    streams = capsys.readouterr()
+    published = [path.read_bytes() for path in files.values()]
+    published += [streams.out.encode(), streams.err.encode()]
+    assert b"<secret>" in files["run.log"].read_bytes()  # the command line, redacted
+    for blob in published:
+        for form in (str(SECRET).encode(), hex(SECRET).encode(), SECRET.to_bytes(8, "little")):
+            assert form not in blob
+    assert b'"secret_randomness": "user-secret"' in files["result.json"].read_bytes()
+    # A bad secret seed is refused without repeating it.
+    with pytest.raises(SystemExit) as refused:
+        main(["train", "--secret-seed", "12x34"])
+    assert refused.value.code == 2
+    assert "12x34" not in capsys.readouterr().err
+    assert main(["train", "--set", "secret_seed='s3cr3t'"]) == 2
+    assert "s3cr3t" not in capsys.readouterr().err
+
+
+def test_every_justified_field_is_in_the_guarantees_table():
+    from test_released_outputs import JUSTIFIED
+
+    table = (Path(__file__).parents[1] / "docs" / "guarantees.md").read_text("utf-8")
+    missing = [field for field in JUSTIFIED if f"`{field}`" not in table]
+    assert not missing, f"docs/guarantees.md does not list: {missing}"
+
+
+def test_validation_accuracies_are_noisy_counts_in_the_ledger():
+    fields = {"dataset": "digits", "method": "dp-fc", "features": "pixels", "epsilon": 1.0}
+    fields |= {"validation_fraction": 0.3, "learner": {"epochs": 2}}
+    runs = [dpvision.train(**fields, secret_seed=SECRET + i) for i in range(2)]
+    for run in runs:
+        entries = [e for e in run.result["privacy_ledger"] if "validation" in e["released"]]
+        assert len(entries) == 1
+        assert entries[0]["l2_sensitivity"] == 1.0
+        assert run.result["validation"] == "private"
+        assert run.result["validation_noise"] > 0
+        assert run.result["epsilon"] <= 1.0
+    # Public validation: exact, named, and nothing in the ledger.
+    public = dpvision.train(**fields, validation="public", secret_seed=SECRET)
+    assert public.result["validation"] == "public"
+    assert not [e for e in public.result["privacy_ledger"] if "validation" in e["released"]]
+    held = public.result["n_validation"]
+    assert round(public.result["validation_accuracy"] * held, 6) == round(
+        public.result["validation_accuracy"] * held
+    )

@@ -198,7 +198,8 @@ def test_dpvision_train_refuses_an_observer_and_trains_with_frozen_batchnorm(tmp
         _train(path, "observed_mlp")
     _assert_refused(error, "1.max_seen")
     run = _train(path, "batchnorm_cnn", batchnorm="freeze")
-    assert run.result["privacy_ledger"]["entries"][0]["count"] == 2
+    assert run.result["batchnorm"] == "freeze"
+    assert run.result["privacy_ledger"][0]["count"] == 2
 
 
 @pytest.mark.parametrize("observer", OBSERVERS)

@@ -1,6 +1,8 @@
 """Public pre-training, then private fine-tuning: ``dpvision pretrain --objective supervised``
-and ``learner.init`` / ``learner.finetune`` / ``public_fraction`` in DP-SGD runs."""
+and ``learner.init`` / ``learner.finetune`` / ``public_fraction`` in DP-SGD runs; the
+weights' record of their public rows and the check that none is a private row of the run."""
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -10,19 +12,26 @@ import torch
 
 from dpvision.cli import main
 from dpvision.config import resolve
+from dpvision.data.datasets import load_dataset
+from dpvision.data.splits import PUBLIC_SPLIT, public_digests, public_split, training_rows
 from dpvision.errors import DPVisionError
 from dpvision.models.encoder import read_encoder
 from dpvision.models.finetune import trainable_names
+from dpvision.models.weights import read_weights
 from dpvision.runs.saved import load_model
 from dpvision.runs.train import run_training
 from dpvision.training import supervised
-from dpvision.training.supervised import SupervisedOptions, pretrain_supervised
+from dpvision.training.supervised import (
+    SupervisedOptions,
+    check_private_rows,
+    pretrain_supervised,
+)
 
 SIDE = 12
 
 
-def _write_npz(path: Path, n_train: int = 300, n_test: int = 60) -> Path:
-    rng = np.random.default_rng(0)
+def _write_npz(path: Path, n_train: int = 300, n_test: int = 60, seed: int = 0) -> Path:
+    rng = np.random.default_rng(seed)
     labels = np.arange(n_train + n_test) % 3
     images = rng.integers(0, 60, (n_train + n_test, SIDE, SIDE, 1)).astype(np.uint8)
     for label in range(3):  # a bright band whose place tells the class
@@ -56,8 +65,18 @@ def _options(data: Path, **more: object) -> SupervisedOptions:
 def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = tmp_path_factory.mktemp("finetune")
     data = _write_npz(folder / "bands.npz")
-    pretrain_supervised(_options(data), folder / "enc.pt", quiet=True)
+    summary = pretrain_supervised(_options(data), folder / "enc.pt", quiet=True)
+    (folder / "summary.json").write_text(json.dumps(summary))  # the summary is JSON
     return {"data": data, "encoder": folder / "enc.pt", "folder": folder}
+
+
+def _train_set(files: dict[str, Path]) -> tuple[np.ndarray, np.ndarray]:
+    dataset = load_dataset(f"npz:{files['data']}", num_classes=3)
+    return dataset.train_images, np.asarray(dataset.train_labels)
+
+
+def _n_public(files: dict[str, Path], fraction: float = 0.2) -> int:
+    return len(public_split(*_train_set(files), fraction)[1])
 
 
 def _config(files: dict[str, Path], *sets: str, public: float = 0.2):  # type: ignore[no-untyped-def]
@@ -89,7 +108,8 @@ def test_pretraining_records_what_it_was_trained_on(files):
     assert record["objective"] == "supervised"
     assert record["dataset"] == f"npz:{files['data']}"
     assert record["public_fraction"] == 0.2
-    assert record["n_images"] == 60
+    assert abs(record["n_images"] - 60) < 4 * (300 * 0.2 * 0.8) ** 0.5  # Binomial(300, 0.2)
+    assert record["n_images"] == _n_public(files)
     assert record["private_data"] is False
     assert "public slice" in record["trained_on"]
     assert 0 <= record["test_accuracy"] <= 1
@@ -137,7 +157,8 @@ def test_fine_tuning_ledger_equals_from_scratch_and_frozen_weights_stay(
     )
     assert tuned["privacy_ledger"] == scratch["privacy_ledger"]
     assert tuned["epsilon"] == scratch["epsilon"] <= 2.0
-    assert tuned["n_train"] == scratch["n_train"] == 240  # the public fifth left out
+    # the public slice (about a fifth) left out
+    assert tuned["n_train"] == scratch["n_train"] == 300 - _n_public(files)
     assert tuned["finetune"] == mode
     assert "(public slice, 20 % of the training set)" in tuned["init"]["trained_on"]
     start = read_encoder(files["encoder"])[1]
@@ -168,6 +189,157 @@ def test_weights_trained_on_the_private_rows_are_refused(files):
         quiet=True,
     )
     assert result["n_train"] == 300
+
+
+def _private(images: np.ndarray, labels: np.ndarray, fraction: float) -> np.ndarray:
+    """A private run's rows: its training and validation rows, its public slice left out."""
+    rows = training_rows(
+        images, labels, public_fraction=fraction, validation_fraction=0.1, key=b"s" * 32
+    )
+    return np.union1d(rows.train, rows.validation)
+
+
+def _check(files: dict[str, Path], images: np.ndarray, labels: np.ndarray, **more) -> None:  # type: ignore[no-untyped-def]
+    check_private_rows(
+        read_weights(files["encoder"])[1],  # the record as a run reads it
+        f"npz:{files['data']}",
+        private_rows=images,
+        private_labels=labels,
+        what="learner.init enc.pt",
+        **more,
+    )
+
+
+def test_the_file_records_the_digests_of_its_public_rows(files):
+    images, labels = _train_set(files)
+    public = public_split(images, labels, 0.2)[1]
+    record = read_weights(files["encoder"])[1]
+    stored = record["public_row_digests"]
+    assert stored.dtype == torch.int64
+    digests = stored.numpy().view(np.uint64)
+    assert np.array_equal(digests, np.sort(public_digests(images[public], labels[public])))
+    assert record["public_split"] == PUBLIC_SPLIT
+    assert record["public_fraction"] == 0.2
+    assert record["n_images"] == len(public) == len(digests)
+    assert (
+        record["public_rows_sha256"] == hashlib.sha256(digests.astype("<u8").tobytes()).hexdigest()
+    )
+    summary = json.loads((files["folder"] / "summary.json").read_text())
+    assert summary["public_rows_sha256"] == record["public_rows_sha256"]
+    assert "public_row_digests" not in summary
+
+
+def test_a_private_run_at_the_same_fraction_accepts_the_weights(files):
+    images, labels = _train_set(files)
+    private = _private(images, labels, 0.2)
+    assert len(private) == 300 - _n_public(files)
+    _check(files, images[private], labels[private])
+
+
+def test_a_grown_dataset_keeps_the_weights_public_rows_public(files):
+    """100 rows more, spread through the dataset: no private row of the run is one of the
+    weights' rows (the split the keyed hash replaced moved most of them)."""
+    images, labels = _train_set(files)
+    rng = np.random.default_rng(7)
+    extra = rng.integers(0, 256, (100, *images.shape[1:])).astype(images.dtype)
+    order = rng.permutation(400)
+    grown = np.concatenate([images, extra])[order], np.concatenate([labels, labels[:100]])[order]
+    private = _private(*grown, 0.2)
+    _check(files, grown[0][private], grown[1][private])
+    # The old split at 300 -> 400 rows: a permutation of range(N) declared other rows public.
+    old = {
+        n: set(np.random.default_rng([0x707562]).permutation(n)[: round(0.2 * n)])
+        for n in (300, 400)
+    }
+    assert len(old[300] - old[400]) > 20
+
+
+def test_a_smaller_public_fraction_in_the_private_run_is_refused(files):
+    images, labels = _train_set(files)
+    now_private = len(
+        set(public_split(images, labels, 0.2)[1]) - set(public_split(images, labels, 0.1)[1])
+    )
+    assert now_private > 10
+    private = _private(images, labels, 0.1)
+    override = "learner.init_allow_same_dataset = true"
+    with pytest.raises(DPVisionError, match=r"public_fraction = 0\.2 \(or more\)") as error:
+        _check(files, images[private], labels[private], override=override)
+    message = str(error.value)
+    assert "\n" not in message
+    assert f"trained on {now_private} of this run's {len(private)} private rows" in message
+    assert override in message
+    with pytest.raises(DPVisionError, match=f"trained on {_n_public(files)} of this run's 300"):
+        _check(files, images, labels)  # public_fraction = 0: every row is private
+    _check(files, images, labels, allow=True)
+
+
+def test_the_rows_are_checked_whatever_the_dataset_is_called(files, tmp_path):
+    """A copy under another name is the same examples: refused by their digests."""
+    images, labels = _train_set(files)
+    record = read_weights(files["encoder"])[1]
+    with pytest.raises(DPVisionError, match="private rows"):
+        check_private_rows(
+            record, f"npz:{tmp_path}/copy.npz", private_rows=images, private_labels=labels, what="w"
+        )
+    other = _write_npz(tmp_path / "other.npz", seed=1)
+    dataset = load_dataset(f"npz:{other}", num_classes=3)
+    check_private_rows(
+        record,
+        f"npz:{other}",
+        private_rows=dataset.train_images,
+        private_labels=np.asarray(dataset.train_labels),
+        what="w",
+    )
+
+
+def test_a_damaged_record_of_public_rows_is_refused(files):
+    images, labels = _train_set(files)
+    record = read_weights(files["encoder"])[1]
+    for key, value in (
+        ("public_row_digests", record["public_row_digests"][1:]),
+        ("public_row_digests", record["public_row_digests"] ^ 1),
+        ("public_rows_sha256", "0" * 64),
+    ):
+        damaged = {**record, key: value}
+        with pytest.raises(DPVisionError, match="damaged or edited"):
+            check_private_rows(
+                damaged, "cifar10", private_rows=images[:5], private_labels=labels[:5], what="w"
+            )
+
+
+def test_a_file_without_the_record_is_refused_on_its_dataset(files):
+    images, labels = _train_set(files)
+    record = read_weights(files["encoder"])[1]
+    for key in ("public_row_digests", "public_split"):
+        older = {k: v for k, v in record.items() if k != key}
+        with pytest.raises(DPVisionError, match="older split"):
+            check_private_rows(
+                older, f"npz:{files['data']}", private_rows=images, private_labels=labels, what="w"
+            )
+        check_private_rows(older, "cifar10", private_rows=images, private_labels=labels, what="w")
+
+
+def test_a_grown_dataset_fine_tunes_from_the_weights(files, tmp_path):
+    """End to end: the run's own split of a dataset with 100 more rows keeps the weights'
+    rows public."""
+    images, labels = _train_set(files)
+    test = load_dataset(f"npz:{files['data']}", num_classes=3)
+    rng = np.random.default_rng(8)
+    extra = rng.integers(0, 256, (100, *images.shape[1:])).astype(images.dtype)
+    grown = tmp_path / "grown.npz"
+    np.savez(
+        grown,
+        x_train=np.concatenate([extra[:50], images, extra[50:]]),
+        y_train=np.concatenate([labels[:50], labels, labels[50:100]]),
+        x_test=test.test_images,
+        y_test=np.asarray(test.test_labels),
+    )
+    config = _config(files, f"learner.init={files['encoder']}")
+    result = run_training(
+        resolve(overrides={**config.to_dict(), "dataset": f"npz:{grown}"}), quiet=True
+    )
+    assert result["n_train"] == 400 - len(public_split(*_train_set({"data": grown}), 0.2)[1])
+    assert "(public slice, 20 % of the training set)" in result["init"]["trained_on"]
 
 
 def test_missing_init_file_is_refused_before_work(files, tmp_path):
@@ -261,7 +433,7 @@ def test_backbone_features_of_the_pretrained_file_feed_dp_ls(files):
         },
     )
     result = run_training(config, quiet=True)
-    assert result["n_train"] == 240
+    assert result["n_train"] == 300 - _n_public(files)
     assert result["epsilon"] <= 1.0
     assert result["num_features"] == 16
     with pytest.raises(DPVisionError, match=r"public_fraction = 0\.2"):

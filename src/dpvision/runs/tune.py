@@ -358,7 +358,7 @@ def run_tune(
         "noise_multipliers": [plan.scale * c.single_sigma for c in plan.candidates],
         "score_noise": plan.score_noise,
         "n_validation": plan.num_validation,
-        "n_train": plan.num_train, "runs": 3,
+        "n_train": plan.num_train,
     }
     privacy = {
         "epsilon": plan.epsilon,

@@ -1,0 +1,183 @@
+"""PrivacyEngine loops against the adversary of docs/guarantees.md (issue 35).
+
+The adversary knows the code, every argument of ``make_private`` (``seed`` included) and
+every released byte. Before issue 35 ``seed`` drew the noise and the Poisson batches too:
+rerunning a published ``seed=0`` loop on the data with the target in reproduced the model
+exactly, which decides membership. Now the noise and the batches come from secret
+randomness (fresh OS entropy, or a ``secret_seed`` to replay a research run) and ``seed``
+draws only the augmentation.
+"""
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from dpvision import DPVisionError, PrivacyEngine
+from dpvision.mechanisms.secret import SecretRandomness
+from dpvision.per_example import clipped_gradient_sum
+
+SECRET = 918273645546372819  # distinctive: searched for in every object make_private returns
+SIGMA, CLIP = 1.0, 0.1
+
+
+def _data(n: int = 40) -> TensorDataset:
+    gen = torch.Generator().manual_seed(0)
+    return TensorDataset(torch.randn(n, 6, generator=gen, dtype=torch.float64), torch.arange(n) % 3)
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)  # the initialisation is public
+    return nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3)).double()
+
+
+def _make(model: nn.Module, data: TensorDataset, *, batch_size: int, lr: float, **options):
+    engine = PrivacyEngine()
+    made = engine.make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=lr),
+        data_loader=DataLoader(data, batch_size=batch_size),
+        noise_multiplier=SIGMA,
+        max_grad_norm=CLIP,
+        **options,
+    )
+    return engine, *made
+
+
+def _train(data: TensorDataset, *, batch_size: int = 8, **options) -> torch.Tensor:
+    """The released parameters after one epoch of the usual loop."""
+    model = _model()
+    _, private, optimizer, loader = _make(model, data, batch_size=batch_size, lr=0.5, **options)
+    for x, y in loader:
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(private(x), y).backward()
+        optimizer.step()
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def _batches(**options) -> list[list[int]]:
+    data = TensorDataset(torch.arange(40, dtype=torch.float64)[:, None], torch.zeros(40))
+    _, _, _, loader = _make(nn.Linear(1, 1).double(), data, batch_size=8, lr=0.0, **options)
+    return [x[:, 0].long().tolist() for x, _ in loader]
+
+
+def test_rerunning_the_published_seed_does_not_reproduce_the_model():
+    data = _data()
+    published = _train(data, seed=0)
+    assert not torch.equal(_train(data, seed=0), published)
+    # With every batch the whole dataset (q = 1) only the noise can differ: it is secret.
+    full = _train(data, batch_size=len(data), seed=0)
+    assert not torch.equal(_train(data, batch_size=len(data), seed=0), full)
+
+
+def test_the_poisson_batches_are_secret_and_the_public_seed_does_not_draw_them():
+    assert _batches(seed=0) != _batches(seed=0)
+    assert _batches(seed=0, secret_seed=SECRET) == _batches(seed=1, secret_seed=SECRET)
+    assert _batches(secret_seed=SECRET) != _batches(secret_seed=SECRET + 1)
+
+
+def test_a_secret_seed_replays_the_run_whatever_the_public_seed():
+    data = _data()
+    replayed = _train(data, seed=0, secret_seed=SECRET)
+    assert torch.equal(_train(data, seed=1, secret_seed=SECRET), replayed)
+    assert not torch.equal(_train(data, seed=0, secret_seed=SECRET + 1), replayed)
+
+
+def _first_release(data: TensorDataset, **options) -> torch.Tensor:
+    """Σᵢ clip(gᵢ) + noise of the first step at q = 1 (the gradient times qN = N)."""
+    model = _model()
+    _, private, optimizer, loader = _make(model, data, batch_size=len(data), lr=0.0, **options)
+    x, y = next(iter(loader))
+    nn.functional.cross_entropy(private(x), y).backward()
+    optimizer.step()
+    return torch.cat([p.grad.flatten() for p in model.parameters()]) * len(data)
+
+
+def test_with_the_secret_a_neighbour_differs_by_exactly_the_targets_clipped_gradient():
+    # Why the secret must stay secret: whoever holds it replays the noise and cancels it,
+    # and the difference of two neighbouring releases is then the target's own gradient.
+    data = _data()
+    without = TensorDataset(*(t[:-1] for t in data.tensors))  # the target is the last one
+    difference = _first_release(data, secret_seed=SECRET) - _first_release(
+        without, secret_seed=SECRET
+    )
+    x, y = data.tensors
+    target = clipped_gradient_sum(
+        _model(), nn.CrossEntropyLoss(reduction="none"), x[-1:], y[-1:], max_grad_norm=CLIP
+    )
+    expected = torch.cat([g.flatten() for g in target.grads.values()])
+    assert 0 < float(expected.norm()) <= CLIP * (1 + 1e-9)
+    torch.testing.assert_close(difference, expected, rtol=1e-6, atol=1e-9)
+    # Without it, two runs differ by two independent noises: norm about σC·√(2d) ≫ C.
+    blind = _first_release(data) - _first_release(without)
+    assert float(blind.norm()) > 5 * SIGMA * CLIP
+
+
+def _noise_releases(engine: PrivacyEngine, models: int) -> list[torch.Tensor]:
+    """The first release of each of ``models`` zero-gradient models made private by
+    ``engine`` with the same secret seed: the noise alone."""
+    data = TensorDataset(torch.zeros(10, 6, dtype=torch.float64), torch.zeros(10, dtype=torch.long))
+    releases = []
+    for _ in range(models):
+        model = nn.Linear(6, 3, bias=False).double()
+        private, optimizer, loader = engine.make_private(
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.0),
+            data_loader=DataLoader(data, batch_size=10),
+            noise_multiplier=SIGMA,
+            max_grad_norm=CLIP,
+            secret_seed=SECRET,
+        )
+        x, _ = next(iter(loader))
+        (0.0 * private(x)).sum().backward()
+        optimizer.step()
+        releases.append(model.weight.grad.clone())
+    return releases
+
+
+def test_two_models_of_one_engine_draw_independent_noise():
+    # The same secret seed twice on one engine: the two releases must not share their noise
+    # (their difference would cancel it); a fresh engine replays the first.
+    first, second = _noise_releases(PrivacyEngine(), 2)
+    (replayed,) = _noise_releases(PrivacyEngine(), 1)
+    assert float(first.abs().min()) > 0
+    assert not torch.equal(first, second)
+    assert torch.equal(first, replayed)
+
+
+def test_a_noise_generator_passed_in_is_used_as_given():
+    # Opacus code that passes its own generator keeps it: its secrecy is then the caller's.
+    data = _data()
+    a = _first_release(data, secret_seed=1, noise_generator=torch.Generator().manual_seed(5))
+    b = _first_release(data, secret_seed=2, noise_generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_the_secret_seed_is_kept_nowhere():
+    model = _model()
+    engine, private, optimizer, loader = _make(
+        model, _data(), batch_size=8, lr=0.1, seed=0, secret_seed=SECRET
+    )
+    sampler = loader.loader.batch_sampler.sampler
+    for thing in (engine, private, optimizer, loader, loader.loader.batch_sampler, sampler):
+        fields = vars(thing)
+        text = repr(fields)
+        assert str(SECRET) not in text and hex(SECRET) not in text
+        assert SECRET not in fields.values()
+        assert not any(isinstance(v, SecretRandomness) for v in fields.values())
+
+
+def test_a_secret_seed_with_secure_mode_is_refused_in_one_line():
+    model = nn.Linear(6, 3).double()
+    with pytest.raises(DPVisionError) as error:
+        PrivacyEngine(secure_mode=True).make_private(
+            module=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            data_loader=DataLoader(_data(), batch_size=8),
+            noise_multiplier=SIGMA,
+            max_grad_norm=CLIP,
+            secret_seed=SECRET,
+        )
+    message = str(error.value)
+    assert "\n" not in message and "secret_seed" in message and "secure_mode" in message
+    assert str(SECRET) not in message

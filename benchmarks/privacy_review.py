@@ -158,21 +158,16 @@ def main() -> None:
         print("| reproduction | measured |\n|---|---|")
         for method in ("dp-ls", "dp-sgd-linear"):
             tpr, fpr = replay(method, args.trials, folder)
-            print(
-                f"| replay attack on {method}, ε = 1 ({args.trials} targets in, {args.trials} out) | TPR {tpr:.2f}, FPR {fpr:.2f} |"
-            )
+            what = f"replay attack on {method}, ε = 1 ({args.trials} targets in, {args.trials} out)"
+            print(f"| {what} | TPR {tpr:.2f}, FPR {fpr:.2f} |")
         for n in (1000, 60_000):
             for which in ("validation", "public"):
-                print(
-                    f"| {which} split, n = {n}, f = 0.1: other rows moved by one example | {moved_rows(n, which)} |"
-                )
-        print(
-            f"| dp-ls end to end, validation_fraction 0.1: max movement / sensitivity | {end_to_end_ratio(folder):.3f} |"
-        )
-        leaks = tune_keys()
-        print(
-            f"| tune result fields that reveal K, draws or timing | {', '.join(leaks) or 'none'} |"
-        )
+                what = f"{which} split, n = {n}, f = 0.1: other rows moved by one example"
+                print(f"| {what} | {moved_rows(n, which)} |")
+        what = "dp-ls end to end, validation_fraction 0.1: max movement / sensitivity"
+        print(f"| {what} | {end_to_end_ratio(folder):.3f} |")
+        what = "tune result fields that reveal K, draws or timing"
+        print(f"| {what} | {', '.join(tune_keys()) or 'none'} |")
 
 
 if __name__ == "__main__":

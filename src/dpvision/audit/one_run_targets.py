@@ -50,6 +50,7 @@ from dpvision.errors import DPVisionError
 from dpvision.features import extract_features, parse_feature_spec
 from dpvision.learners import LEARNERS
 from dpvision.mechanisms import Release, watching_released
+from dpvision.mechanisms.secret import SecretRandomness
 from dpvision.runs import features as feature_runs
 
 ONE_RUN_CANARIES = ("dirac", "mislabeled")
@@ -185,6 +186,7 @@ class LearnerOneRun(OneRunTarget):
                 self.canary_features,
                 self.channels,
                 self.num_classes,
+                secret=SecretRandomness(run_seed),  # the auditor's run: replayable
             )
         if fitted.learner.privacy_ledger_.to_dict()["entries"] != self.claim.ledger:
             raise DPVisionError("the audited run recorded other releases than claimed")

@@ -46,6 +46,7 @@ from dpvision.data.inputs import pixel_inputs
 from dpvision.errors import DPVisionError
 from dpvision.features import extract_features, feature_shape, parse_feature_spec
 from dpvision.mechanisms import PoissonSampler, clipping
+from dpvision.mechanisms.secret import SecretRandomness
 from dpvision.models.registry import build_model
 from dpvision.per_example import ClippedGradientSum, functional_clipped_sum, per_layer
 from dpvision.per_example.groups import GroupNorms, group_of
@@ -133,7 +134,13 @@ def fix_learner_mechanism(
     mechanism: the audited examples must not change it.
     """
     learner = feature_runs.fit_learner(
-        config, features, labels, features[:1], channels, num_classes
+        config,
+        features,
+        labels,
+        features[:1],
+        channels,
+        num_classes,
+        secret=SecretRandomness(config.seed),  # the auditor's own, replayable runs
     ).learner
     sigma = learner.noise_multiplier_
     fixed_learner = dict(config.learner)
@@ -212,6 +219,7 @@ class LearnerTarget(AuditTarget):
                 self.canary_features,
                 self.channels,
                 self.data.num_classes,
+                secret=SecretRandomness(config.seed),  # the auditor's runs: replayable
             )
             learner, canary = fitted.learner, fitted.test
             if learner.privacy_ledger_.to_dict()["entries"] != self.claim.ledger:

@@ -197,7 +197,7 @@ def fit_learner(
     channels: int,
     num_classes: int,
     *,
-    secret: SecretRandomness,
+    secret: SecretRandomness | None = None,
     validations: int = 0,
     validation: ValidationRelease | None = None,
 ) -> FittedLearner:
@@ -211,8 +211,10 @@ def fit_learner(
       recorded in ``learner.privacy_ledger_``; with a target ε the learner's σ is calibrated
       so that everything together meets (ε, δ), the ``validations`` noisy validation
       counts planned in it too. ``test`` is only transformed. The noise comes from
-      ``secret``.
+      ``secret`` (None: from ``config.secret_seed``, else fresh OS entropy).
     """
+    if secret is None:
+        secret = SecretRandomness(config.secret_seed, secure=config.secure_mode)
     ledger = PrivacyLedger()
     train, test, fitted = preprocess(
         config.preprocessing,

@@ -162,7 +162,8 @@ def test_the_secret_seed_is_kept_nowhere():
     for thing in (engine, private, optimizer, loader, loader.loader.batch_sampler, sampler):
         fields = vars(thing)
         text = repr(fields)
-        assert str(SECRET) not in text and hex(SECRET) not in text
+        assert str(SECRET) not in text
+        assert hex(SECRET) not in text
         assert SECRET not in fields.values()
         assert not any(isinstance(v, SecretRandomness) for v in fields.values())
 
@@ -179,5 +180,7 @@ def test_a_secret_seed_with_secure_mode_is_refused_in_one_line():
             secret_seed=SECRET,
         )
     message = str(error.value)
-    assert "\n" not in message and "secret_seed" in message and "secure_mode" in message
+    assert "\n" not in message
+    assert "secret_seed" in message
+    assert "secure_mode" in message
     assert str(SECRET) not in message

@@ -234,8 +234,7 @@ def test_a_secret_seed_replays_the_tune_and_fresh_secrets_differ():
 def test_an_adversary_with_every_public_input_reproduces_neither_score_nor_model():
     """The adversary knows the code, the config with its public seed and the data (here
     all of it): rerunning tune with them — fresh secret, or guessing the secret seed is the
-    public one — yields another noisy score and another model. (With the former coins
-    from the public seed, the rerun reproduced both.)"""
+    public one — yields another noisy score and another model."""
     search = parse_search(["learner.learning_rate=0.1,0.5"])
     settings = TuneSettings(mean_runs=2.0)
     published, model = run_tune(_digits("seed=7"), search, settings, quiet=True)

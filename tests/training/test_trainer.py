@@ -5,6 +5,7 @@ The data are small synthetic images in the generic ``npz:PATH`` format, written 
 
 import json
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ from dpvision.errors import DPVisionError
 from dpvision.runs.train import run_training
 
 STEPS = 16
+SECRET = 20261126  # replays the runs compared below (never published)
 
 
 def _write_npz(path: Path, n_train: int = 240, n_test: int = 90, side: int = 28) -> Path:
@@ -69,6 +71,8 @@ def _args(data: Path, **learner: object) -> list[str]:
         "dp-sgd",
         "--noise-multiplier",
         "1.0",
+        "--secret-seed",
+        str(SECRET),
     ]
     for item in _sets(**learner):
         args += ["--set", item]
@@ -78,7 +82,13 @@ def _args(data: Path, **learner: object) -> list[str]:
 def _config(data: Path, **learner: object):
     return resolve(
         None,
-        {"dataset": f"npz:{data}", "num_classes": 10, "method": "dp-sgd", "noise_multiplier": 1.0},
+        {
+            "dataset": f"npz:{data}",
+            "num_classes": 10,
+            "method": "dp-sgd",
+            "noise_multiplier": 1.0,
+            "secret_seed": SECRET,
+        },
         _sets(**learner),
     )
 
@@ -113,7 +123,12 @@ def test_killed_run_resumes_to_the_same_parameters_and_ledger(data: Path, tmp_pa
     assert process.wait() == -signal.SIGKILL  # killed mid-run, not finished
     killed_at = _checkpoint_step(interrupted)
     assert 3 <= killed_at < STEPS
+    # The checkpoint is as private as the data: its owner's alone. It keeps the run's
+    # secret randomness, so the resumed run needs no --secret-seed to continue the streams.
+    assert stat.S_IMODE(interrupted.stat().st_mode) == 0o600
+    assert torch.load(interrupted, weights_only=True)["secret"]["source"] == "user-secret"
     out = tmp_path / "resumed.json"
+    command = [c for c in command if c not in ("--secret-seed", str(SECRET))]
     done = subprocess.run(
         [*command, "--checkpoint", str(interrupted), "--json", str(out)],
         capture_output=True,

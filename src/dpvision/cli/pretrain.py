@@ -34,8 +34,9 @@ def add_pretrain_parser(commands: Any) -> None:
         "--public-fraction",
         type=float,
         metavar="F",
-        help="supervised: train on the fixed public slice of this share of the training set "
-        "(a private run with public_fraction = F leaves it out)",
+        help="supervised: train on the public slice, about this share of the training set "
+        "(each example's side is its own published hash; a private run with public_fraction "
+        ">= F leaves these rows out, whatever rows are added to the dataset)",
     )
     pretrain.add_argument("--epochs", type=float, help="supervised: epochs (or --steps)")
     pretrain.add_argument("--learning-rate", type=float, help="SGD learning rate")

@@ -35,7 +35,6 @@ import torch.nn.functional as F  # noqa: N812 (the usual PyTorch alias)
 
 from dpvision.accounting import PrivacyLedger, calibrate_noise_multiplier, default_accountant
 from dpvision.config import TrainConfig
-from dpvision.data.datasets import same_dataset
 from dpvision.data.inputs import DATASET_STATISTICS, LazyInputs, TrainingData, lazy_pixel_inputs
 from dpvision.data.splits import public_digests, training_rows
 from dpvision.distributed import Workers, current
@@ -51,7 +50,7 @@ from dpvision.models.encoder import load_into
 from dpvision.models.finetune import apply_finetune
 from dpvision.models.registry import build_network, is_external, prepare_for_dp
 from dpvision.models.validation import validate_model
-from dpvision.models.weights import check_trained_on, load_weights
+from dpvision.models.weights import load_weights, read_weights
 from dpvision.per_example import per_layer
 from dpvision.runs.saved import TrainedModel, privacy_of
 from dpvision.runs.transfer import transfer_plan
@@ -69,6 +68,7 @@ from dpvision.training.engine import DPSGDStep, ParameterEMA
 from dpvision.training.evaluation import evaluate
 from dpvision.training.memory import check_memory, memory_error
 from dpvision.training.options import DPSGDOptions
+from dpvision.training.supervised import check_private_rows
 from dpvision.training.transfer import TransferPlan, phase_optimizer
 
 PROGRESS_SECONDS = 30  # a progress line at least this often
@@ -503,9 +503,9 @@ def initial_model(
     when the caller has it already).
 
     Privacy: the architecture, the weights and what is frozen come from the config and the
-    weight file, never from the private data. Weights whose file says they were trained on
-    this very dataset are refused (their cost is outside this run's ledger) unless they
-    came from its public slice or ``learner.init_allow_same_dataset`` is set.
+    weight file, never from the private data. Weights trained on any of this run's private
+    rows were refused by :func:`load_inputs` (their cost is outside this run's ledger)
+    unless ``learner.init_allow_same_dataset`` is set.
     """
     shape = tuple(int(v) for v in data.train_x.shape[1:])
     model = build_network(options.model, shape, data.num_classes, groups=options.groups)
@@ -515,16 +515,7 @@ def initial_model(
             model, plan.encoder, model_name=options.model, input_shape=plan.info.input_shape
         )
     elif options.init is not None:
-        report = load_weights(model, options.init)
-        check_trained_on(
-            report.record,
-            data.name,
-            config.public_fraction,
-            same=same_dataset,
-            what=f"learner.init {options.init}",
-            allow=options.init_allow_same_dataset,
-            override="learner.init_allow_same_dataset = true",
-        )
+        report = load_weights(model, options.init)  # its record was checked by load_inputs
         say(report.message(), quiet)
         info["init"] = {
             "path": str(options.init),
@@ -611,6 +602,17 @@ def load_inputs(
     )
     rows, held = split.train, split.validation
     subset = len(rows) < len(labels)
+    if options.init is not None:  # weights trained on any private row are refused
+        private = np.union1d(rows, held)
+        check_private_rows(
+            read_weights(options.init)[1],
+            dataset.name,
+            private_rows=dataset.train_images[private],
+            private_labels=labels[private],
+            what=f"learner.init {options.init}",
+            allow=options.init_allow_same_dataset,
+            override="learner.init_allow_same_dataset = true",
+        )
 
     def data(train: Any, test: Any, validation: Any) -> TrainingData:
         return TrainingData(

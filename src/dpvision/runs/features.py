@@ -11,8 +11,7 @@ import numpy as np
 from dpvision.accounting import PrivacyLedger, default_accountant, zcdp_epsilon
 from dpvision.accounting.gaussian import is_unsampled_gaussian
 from dpvision.config import TrainConfig
-from dpvision.data.datasets import same_dataset
-from dpvision.data.splits import training_rows
+from dpvision.data.splits import public_split, training_rows
 from dpvision.distributed import current
 from dpvision.errors import DPVisionError
 from dpvision.features import feature_shape, load_or_extract, parse_feature_spec
@@ -23,9 +22,10 @@ from dpvision.features.spec import NETWORK_FEATURES
 from dpvision.learners import LEARNERS
 from dpvision.log import say
 from dpvision.mechanisms.secret import SecretRandomness
-from dpvision.models.weights import check_trained_on, read_weights
+from dpvision.models.weights import read_weights
 from dpvision.runs.saved import TrainedModel, privacy_of
 from dpvision.runs.validation import ValidationRelease
+from dpvision.training.supervised import check_private_rows
 
 
 def _channels(config: TrainConfig, dataset: Any, spec: Any) -> int:
@@ -72,12 +72,16 @@ def run_features(
         say(f"loading dataset {config.dataset}", quiet)
         dataset = config.load_dataset()
         source = feature_source(spec) if spec.name in NETWORK_FEATURES else None
-        if source is not None:  # weights trained on these very images are not free
-            check_trained_on(
+        if source is not None:  # weights trained on any private row are not free
+            labels = np.asarray(dataset.train_labels)
+            private = np.arange(len(labels))
+            if config.public_fraction:
+                private = public_split(dataset.train_images, labels, config.public_fraction)[0]
+            check_private_rows(
                 read_weights(source)[1],
                 dataset.name,
-                config.public_fraction,
-                same=same_dataset,
+                private_rows=dataset.train_images[private],
+                private_labels=labels[private],
                 what=f"the {spec.name} weights {source}",
             )
         say(

@@ -19,6 +19,7 @@ from dpvision.runs.features import run_features
 from dpvision.runs.recipe import apply_recipe
 from dpvision.runs.saved import TrainedModel
 from dpvision.runs.validation import ValidationRelease
+from dpvision.training.checkpoint import checkpoint_secret
 
 
 def run_training(
@@ -56,6 +57,11 @@ def fit(
     """
     if secret is None:
         secret = SecretRandomness(config.secret_seed, secure=config.secure_mode)
+    if checkpoint is not None and config.method in ("dp-sgd", "dp-randp"):
+        # A resumed run keeps its secret: the same split (and recipe), noise and batches.
+        secret = checkpoint_secret(Path(checkpoint), current()) or secret
+    # Under torchrun every rank draws the same noise, batches and split: rank 0's secret.
+    secret = SecretRandomness.from_state(current().from_main(secret.state))
     config, recipe = apply_recipe(config, secret)
     run = run_dpsgd if config.method in ("dp-sgd", "dp-randp") else run_features
     result, model = run(

@@ -29,7 +29,7 @@ own passes may have moved).
 ...         super().__init__()
 ...         self.register_buffer("max_seen", torch.tensor(float("-inf")))
 ...     def forward(self, x: torch.Tensor) -> torch.Tensor:
-...         self.max_seen.clamp_(min=float(x.max()))  # an exact statistic of the batch
+...         self.max_seen.clamp_(min=float(x.detach().max()))  # an exact batch statistic
 ...         return x
 >>> watch = BufferWatch(nn.Sequential(nn.Linear(2, 2), Observer()))
 >>> watch.start()
@@ -54,11 +54,12 @@ def _layout(buffers: list[tuple[str, torch.Tensor]]) -> list[tuple[str, _Group, 
     return [(name, (t.dtype, t.device), t.shape) for name, t in buffers]
 
 
+@torch.no_grad()
 def _flatten(buffers: list[tuple[str, torch.Tensor]]) -> dict[_Group, torch.Tensor]:
     """All buffers of each (dtype, device), concatenated into one new flat tensor."""
     groups: dict[_Group, list[torch.Tensor]] = {}
     for _, tensor in buffers:
-        groups.setdefault((tensor.dtype, tensor.device), []).append(tensor.detach().reshape(-1))
+        groups.setdefault((tensor.dtype, tensor.device), []).append(tensor.reshape(-1))
     return {key: torch.cat(parts) for key, parts in groups.items()}
 
 
@@ -85,8 +86,8 @@ class BufferWatch:
       what: how the error names ``model`` (``"the model"``, ``"the module"``).
 
     Privacy:
-      Releases nothing. Between :meth:`start` and :meth:`check` it holds a copy of the
-      buffers (as private as the model).
+      Releases nothing. From :meth:`start` on it holds a flat copy of the buffers (as
+      private as the model; as large as the buffers).
     """
 
     def __init__(self, model: nn.Module, *, what: str = "the model") -> None:

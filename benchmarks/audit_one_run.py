@@ -196,7 +196,7 @@ def _private(
         target_delta=DELTA,
         epochs=epochs,
         max_grad_norm=1.0,
-        seed=0,
+        secret_seed=0,  # the audit's runs are replayable (the auditor's own randomness)
     )
 
 

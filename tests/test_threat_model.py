@@ -249,3 +249,77 @@ def test_validation_accuracies_are_noisy_counts_in_the_ledger():
     assert round(public.result["validation_accuracy"] * held, 6) == round(
         public.result["validation_accuracy"] * held
     )
+
+
+MODEL_DOCUMENT = {
+    "format": "public: the file format",
+    "method": "public: the config",
+    "dataset": "public: the config",
+    "num_classes": "public: the dataset registry or the config",
+    "image_shape": "public by convention",
+    "features": "public: the config",
+    "encoder_sha256": "public: the digest of a weight file named in the config",
+    "preprocessing": "public: the preprocessing config and channels",
+    "pixel_mean": "public: the dataset's published statistics or the encoder's",
+    "pixel_std": "public: the dataset's published statistics or the encoder's",
+    "input_shape": "public: the model's input shape",
+    "model_name": "public: the config",
+    "groups": "public: the config",
+    "batchnorm": "public: the config",
+    "privacy": "the result's privacy part: accounting of the ledger",
+    "config": "public: the resolved config without secret_seed",
+    "class_names": "public: the dataset's class names",
+}
+MODEL_TENSORS = ("coef", "intercept", "network.", "preprocessing.")
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"method": "dp-ls", "preprocessing": {"kind": "private-norm"}},
+        {"method": "dp-sgd", "learner": {"model": "mlp-8", "steps": 2, "batch_size": 64}},
+    ],
+    ids=["dp-ls-private-norm", "dp-sgd"],
+)
+def test_every_model_file_field_is_public_or_released(tmp_path, fields):
+    import json
+
+    from safetensors import safe_open
+
+    path = tmp_path / "model.bin"
+    dpvision.train(dataset="digits", features="pixels", epsilon=1.0, save=path, **fields)
+    with safe_open(str(path), framework="pt") as handle:
+        document = json.loads(handle.metadata()["dpvision"])
+        tensors = list(handle.keys())
+    assert not sorted(set(document) - set(MODEL_DOCUMENT))
+    assert "secret_seed" not in document["config"]
+    # Released parameters (post-processing), noisy preprocessing statistics, and buffers
+    # no private forward pass wrote (a written one is refused: tests/training/test_buffers.py).
+    assert all(name.startswith(MODEL_TENSORS) for name in tensors)
+
+
+def test_progress_lines_show_the_noisy_validation_accuracies(capsys):
+    import re
+
+    run = dpvision.train(
+        dataset="digits",
+        method="dp-sgd",
+        features="pixels",
+        epsilon=3.0,
+        validation_fraction=0.3,
+        learner={"model": "mlp-8", "steps": 6, "batch_size": 64, "eval_every": 2},
+        quiet=False,
+    )
+    shown = [
+        float(v) for v in re.findall(r"validation accuracy ([0-9.]+) %", capsys.readouterr().err)
+    ]
+    history = [
+        100 * entry[key]
+        for entry in run.result["history"]
+        for key in ("validation_accuracy",)
+        if key in entry
+    ]
+    assert len(shown) >= 2
+    assert shown[: len(history) - 1] == [round(v, 2) for v in history[:-1]]
+    ledger = [e for e in run.result["privacy_ledger"] if "validation" in e["released"]]
+    assert ledger[0]["count"] == 3  # steps 2 and 4, and the end (no EMA here)

@@ -323,3 +323,43 @@ def test_progress_lines_show_the_noisy_validation_accuracies(capsys):
     assert shown[: len(history) - 1] == [round(v, 2) for v in history[:-1]]
     ledger = [e for e in run.result["privacy_ledger"] if "validation" in e["released"]]
     assert ledger[0]["count"] == 3  # steps 2 and 4, and the end (no EMA here)
+
+
+def test_a_resumed_run_draws_no_validation_noise_twice(tmp_path):
+    """Each validation count has its own secret noise stream, indexed by how many the run
+    released; a resumed run restores that number from its checkpoint, so it never adds the
+    noise of one count to another (their difference would be an exact statistic)."""
+    fields = {"dataset": "digits", "method": "dp-sgd", "features": "pixels", "epsilon": 3.0}
+    fields |= {"validation_fraction": 0.3, "secret_seed": SECRET}
+    fields["learner"] = {"model": "mlp-8", "steps": 4, "batch_size": 64, "eval_every": 2}
+    checkpoint = tmp_path / "run.ckpt"
+    first = dpvision.train(**fields, checkpoint=checkpoint).result
+    again = dpvision.train(**fields, checkpoint=checkpoint).result  # resumed at the end
+    assert again["history"] == first["history"]
+    assert again["validation_accuracy"] == first["validation_accuracy"]
+    noises = {
+        float(gaussian)
+        for gaussian in (
+            SecretRandomness(1).noise(f"validation {k}").initial_seed() for k in range(2)
+        )
+    }
+    assert len(noises) == 2  # one stream per released count
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "--secret-seed", str(SECRET)],
+        ["train", f"--secret-seed={SECRET}"],
+        ["train", f"--secret={SECRET}"],  # an abbreviation argparse accepts
+        ["train", "--set", f"secret_seed={SECRET}"],
+        ["train", f"--set=secret_seed={SECRET}"],
+        ["train", "--set", f"secret_seed = {SECRET}"],
+    ],
+)
+def test_the_logged_command_line_hides_the_secret_seed_in_any_spelling(argv):
+    from dpvision.cli import build_parser
+    from dpvision.cli.arguments import redact_secrets
+
+    args = build_parser().parse_args(argv)
+    assert str(SECRET) not in " ".join(redact_secrets(argv, args))

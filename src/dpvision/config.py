@@ -40,6 +40,7 @@ Unknown keys, wrong types and out-of-range values are one-line errors naming the
 
 import dataclasses
 import functools
+import json
 import math
 import tomllib
 from dataclasses import dataclass, field
@@ -54,7 +55,7 @@ from dpvision.errors import DPVisionError
 from dpvision.features.preprocessing import PREPROCESSING, PreprocessingConfig
 from dpvision.learners import LEARNERS
 from dpvision.learners.options import check_learner_options
-from dpvision.mechanisms.secret import check_secret_seed
+from dpvision.mechanisms.secret import SecretRandomness, check_secret_seed
 from dpvision.recipes import AUTO, RECIPE_METHOD, default_features, default_preprocessing
 from dpvision.training.options import DPSGDOptions
 from dpvision.training.pretrain import PretrainOptions
@@ -153,6 +154,17 @@ class TrainConfig:
         data = dataclasses.asdict(self)
         del data["secret_seed"]
         return data
+
+    def secret_randomness(self) -> SecretRandomness:
+        """This run's secret randomness (:mod:`dpvision.mechanisms.secret`): fresh OS bits,
+        or derived from ``secret_seed`` *and this config*, so runs of other configs never
+        share their noise with it."""
+        context = {k: v for k, v in self.to_dict().items() if k != "data_dir"}
+        return SecretRandomness(
+            self.secret_seed,
+            secure=self.secure_mode,
+            context=json.dumps(context, sort_keys=True, default=str),
+        )
 
     @property
     def validation_is_public(self) -> bool:

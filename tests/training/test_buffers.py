@@ -261,3 +261,24 @@ def test_the_privacy_engine_trains_with_frozen_batchnorm_and_refuses_it_in_train
         DPVisionError, match=re.escape("buffer '1.running_mean' of the module changed")
     ):
         private(x)
+
+
+def test_a_frozen_parameter_written_in_forward_is_refused_too():
+    from dpvision.training.buffers import BufferWatch
+
+    class FrozenObserver(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.max_seen = nn.Parameter(torch.zeros(()), requires_grad=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.max_seen.data = torch.maximum(self.max_seen.data, x.max())
+            return x
+
+    model = nn.Sequential(nn.Linear(3, 3), FrozenObserver())
+    watch = BufferWatch(model)
+    watch.start()
+    model(torch.full((2, 3), 123.456))
+    with pytest.raises(DPVisionError, match="max_seen") as error:
+        watch.check()
+    assert "\n" not in str(error.value)

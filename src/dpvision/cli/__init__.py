@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.quiet = bool(getattr(args, "quiet", False))
     configure(-1 if args.quiet else getattr(args, "verbose", 0), getattr(args, "log_file", None))
-    command = redact_secrets(sys.argv if argv is None else argv)
+    command = redact_secrets(sys.argv if argv is None else argv, args)
     logger.debug("dpvision %s: %s", __version__, " ".join(command))
     try:
         if args.command != "train" and int(os.environ.get("WORLD_SIZE", "1")) > 1:

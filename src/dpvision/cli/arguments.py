@@ -84,26 +84,30 @@ def secret_number(text: str) -> int:
     return value
 
 
-SECRET_FLAGS = ("--secret-seed",)
-
-
-def redact_secrets(argv: Sequence[str]) -> list[str]:
-    """The command line with the secret seed's value hidden (for the log file)."""
+def redact_secrets(argv: Sequence[str], args: argparse.Namespace | None = None) -> list[str]:
+    """The command line with every secret seed hidden (for the log file): the value given
+    to ``--secret-seed`` (under any abbreviation argparse accepts) or ``--set
+    secret_seed=...``, wherever it appears in a token."""
+    secrets: set[str] = set()
+    if args is not None and getattr(args, "secret_seed", None) is not None:
+        secrets.add(str(args.secret_seed))
+    for item in getattr(args, "set", None) or []:
+        key, _, value = str(item).partition("=")
+        if key.strip() == "secret_seed" and value.strip():
+            secrets.add(value.strip())
     out: list[str] = []
-    hide = False
-    for item in argv:
-        if hide:
+    for position, item in enumerate(argv):
+        previous = argv[position - 1] if position else ""
+        if previous.startswith("--sec") and "=" not in previous:  # --secret-seed N, --secret N
             out.append("<secret>")
-            hide = False
-        elif item in SECRET_FLAGS:
-            out.append(item)
-            hide = True
-        elif item.startswith(tuple(f"{flag}=" for flag in SECRET_FLAGS)):
-            out.append(item.split("=", 1)[0] + "=<secret>")
-        elif item.replace(" ", "").startswith("secret_seed="):
-            out.append("secret_seed=<secret>")
-        else:
-            out.append(item)
+            continue
+        for secret in sorted(secrets, key=len, reverse=True):
+            item = item.replace(secret, "<secret>")
+        if item.startswith("--sec") and "=" in item:
+            item = item.split("=", 1)[0] + "=<secret>"
+        if "secret_seed" in item and "=" in item:
+            item = item[: item.index("secret_seed")] + "secret_seed=<secret>"
+        out.append(item)
     return out
 
 

@@ -64,13 +64,19 @@ class SecretRandomness:
       secure: the secure mode: noise and Poisson sampling from the OS CSPRNG at every draw
         (:meth:`noise` returns a :class:`~dpvision.mechanisms.secure.SecureRandom`).
         A secure run cannot be replayed, so ``secret_seed`` is then refused.
+      context: what the run is (its published config, as canonical text): with a
+        ``secret_seed``, runs of different configs get independent streams, so two runs
+        that share a secret seed (a sweep over ε or public seeds) never share their noise;
+        the same config and secret seed replay the same run.
 
     Privacy:
       Releases nothing: its ``repr`` and :attr:`source` never show the secret. Checkpoints
       keep :meth:`state` (they are as private as the data).
     """
 
-    def __init__(self, secret_seed: int | None = None, *, secure: bool = False) -> None:
+    def __init__(
+        self, secret_seed: int | None = None, *, secure: bool = False, context: str = ""
+    ) -> None:
         secret_seed = check_secret_seed(secret_seed)
         if secure and secret_seed is not None:
             raise DPVisionError(
@@ -84,21 +90,25 @@ class SecretRandomness:
         else:
             digest = hashlib.sha256(_SECRET_SEED_DOMAIN)
             digest.update(secret_seed.to_bytes(32, "little"))
+            digest.update(context.encode())
             self._secret = digest.digest()
+        self._split_key: bytes | None = None
 
     @classmethod
     def from_state(cls, state: dict[str, object]) -> "SecretRandomness":
         """The secret of a checkpoint (:meth:`state`), to resume a run with the same streams."""
-        secret, source = state.get("secret"), state.get("source")
+        secret, source, split = state.get("secret"), state.get("source"), state.get("split_key")
         if not isinstance(secret, bytes) or len(secret) != 32 or source not in SECRET_SOURCES:
             raise DPVisionError("the checkpoint's secret randomness is malformed")
         out = cls.__new__(cls)
         out._secret, out.source, out.secure = secret, str(source), source == "csprng"
+        out._split_key = split if isinstance(split, bytes) else None
         return out
 
     def state(self) -> dict[str, object]:
-        """What a checkpoint keeps to resume the same streams (private: never published)."""
-        return {"secret": self._secret, "source": self.source}
+        """What a checkpoint keeps to resume the same streams and the same validation split
+        (private: never published)."""
+        return {"secret": self._secret, "source": self.source, "split_key": self.split_key()}
 
     def __repr__(self) -> str:
         return f"SecretRandomness(source={self.source!r})"
@@ -131,10 +141,10 @@ class SecretRandomness:
         derived from this one under ``name``, and the same validation split."""
         out = SecretRandomness.__new__(SecretRandomness)
         out._secret, out.source, out.secure = self.key(f"child {name}"), self.source, self.secure
-        out._split_key = self.split_key()  # type: ignore[attr-defined]
+        out._split_key = self.split_key()
         return out
 
     def split_key(self) -> bytes:
         """The key of the validation split's keyed hash
         (:func:`dpvision.data.splits.validation_split`); shared with every :meth:`child`."""
-        return getattr(self, "_split_key", None) or self.key("validation split")
+        return self._split_key or self.key("validation split")

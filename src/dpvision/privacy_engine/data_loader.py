@@ -6,7 +6,8 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from dpvision.data.augment import augment_views
+from dpvision.data.augment import apply_views, keyed_views
+from dpvision.data.splits import row_digests
 from dpvision.errors import DPVisionError
 from dpvision.mechanisms import PoissonSampler
 from dpvision.privacy_engine.optimizer import DPOptimizer
@@ -88,6 +89,7 @@ class DPDataLoader:
         self.views, self.max_physical_batch_size = views, max_physical_batch_size
         self.augment = augment
         self.generator = generator if generator is not None else torch.Generator()
+        self._step = 0  # logical batches so far: with the seed, keys each example's views
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -95,6 +97,7 @@ class DPDataLoader:
     def __iter__(self) -> Iterator[Any]:
         optimizer = self.optimizer
         for batch in self.loader:
+            self._step += 1
             chunks = self._chunks(batch)
             logical = optimizer.new_logical_batch()
             try:
@@ -130,9 +133,22 @@ class DPDataLoader:
         if images.shape[0] == 0:
             views = images
         else:
-            views = augment_views(images, self.views, self.generator, padding=4, flip=True)
-            views = views.flatten(0, 1)
+            # Each example's views from (the public seed, the step, its own bytes) alone:
+            # another example in the batch or the dataset changes no example's views.
+            labels = rest[0] if rest else torch.zeros(len(images), dtype=torch.long)
+            keys = row_digests(
+                images.detach().cpu().numpy(),
+                labels.detach().cpu().numpy().reshape(len(images), -1)[:, 0],
+                key=_VIEW_KEY,
+            )
+            draws = keyed_views(
+                keys, self.generator.initial_seed(), self._step, self.views, padding=4, flip=True
+            )
+            views = apply_views(images, draws, padding=4).flatten(0, 1)
         return type(batch)([views, *(t.repeat_interleave(self.views, 0) for t in rest)])
+
+
+_VIEW_KEY = b"dpvision augmentation views v1"  # public: views are public randomness
 
 
 def _fields(batch: Any) -> list[torch.Tensor]:

@@ -131,7 +131,7 @@ def run_dpsgd(
     """
     start = time.perf_counter()
     path = None if checkpoint is None else Path(checkpoint)
-    secret = secret or SecretRandomness(config.secret_seed, secure=config.secure_mode)
+    secret = secret or config.secret_randomness()
     run = _Run.start(config, quiet, path, secret, validation)
     loop_start = time.perf_counter()
     while run.state.sampler.step < run.steps:
@@ -314,6 +314,9 @@ class _Run:
         resume(path, self.state, self.settings, self.workers, enter_step=enter)
         self.step_fn.ledger = self.state.ledger
         self.step_fn.optimizer = self.state.optimizer
+        # The validation counts released before the checkpoint: the next draws fresh noise.
+        keys = ("validation_accuracy", "validation_accuracy_ema")
+        self.validation.made = sum(key in entry for entry in self.state.history for key in keys)
         say(f"resumed from {path} at step {self.state.sampler.step} of {self.steps}", self.quiet)
         self.first_step = self.state.sampler.step
 

@@ -218,7 +218,7 @@ def fit_learner(
       ``secret`` (None: from ``config.secret_seed``, else fresh OS entropy).
     """
     if secret is None:
-        secret = SecretRandomness(config.secret_seed, secure=config.secure_mode)
+        secret = config.secret_randomness()
     ledger = PrivacyLedger()
     train, test, fitted = preprocess(
         config.preprocessing,

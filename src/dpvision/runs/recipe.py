@@ -122,7 +122,7 @@ def data_facts(config: TrainConfig, secret: SecretRandomness | None = None) -> D
         dataset = config.load_dataset()
         height, width, channels = dataset.image_shape
         rows, labels, shape = dataset.train_images, dataset.train_labels, (channels, height, width)
-    secret = secret or SecretRandomness(config.secret_seed)
+    secret = secret or config.secret_randomness()
     split = training_rows(
         rows,
         labels,

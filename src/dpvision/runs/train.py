@@ -56,7 +56,7 @@ def fit(
     selection mode (:class:`~dpvision.runs.validation.ValidationRelease`).
     """
     if secret is None:
-        secret = SecretRandomness(config.secret_seed, secure=config.secure_mode)
+        secret = config.secret_randomness()
     if checkpoint is not None and config.method in ("dp-sgd", "dp-randp"):
         # A resumed run keeps its secret: the same split (and recipe), noise and batches.
         secret = checkpoint_secret(Path(checkpoint), current()) or secret

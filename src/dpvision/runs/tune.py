@@ -22,18 +22,18 @@ reported ε is its RDP bound and never exceeds the target. Each run's ledger is 
 against the releases the selection was calibrated for before anything is released.
 
 The bound holds only while K and the runs stay secret, so every coin of the search comes
-from the tune's :class:`~dpvision.mechanisms.secret.SecretRandomness` (``secret_seed``,
-else fresh OS entropy; in secure mode the score noise from the CSPRNG itself), never from
-the public ``seed``: K and the candidates drawn (its ``"tune coins"`` stream), each run's
-noise, sampling and training (a child secret per run) and each noisy score. Every run
-trains with the base's public seed, so the winner's config does not tell its position.
-Published (the result, the model file, the log lines): the selected candidate, its model
-and noisy score, and what is public before any coin is drawn — the search, the
-distribution of K and its mean, the noise factor and multipliers, σ_v, n_train,
-n_validation, ε and the ledger. Never published: K, which candidates ran and in which
-order, any other run's score, and any timing of the search (a total wall time is about K
-times one run's); the runs' own log records and warnings are withheld. Only K = 0 (a
-Poisson K) shows, inherently: there is no model.
+from the tune's :class:`~dpvision.mechanisms.secret.SecretRandomness` (derived from
+``secret_seed`` and the base config, else fresh OS entropy; in secure mode the score noise
+from the CSPRNG itself), never from the public ``seed``: K and the candidates drawn (its
+``"tune coins"`` stream), each run's noise, sampling and training (a child secret per run)
+and each noisy score. Every run trains with the base's public seed, so the winner's config
+does not tell its position. Published (the result, the model file, the log lines): the
+selected candidate, its model and noisy score, and what is public before any coin is
+drawn — the search, the distribution of K and its mean, the noise factor and multipliers,
+σ_v, n_train, n_validation, ε and the ledger. Never published: K, which candidates ran and
+in which order, any other run's score, and any timing of the search (a total wall time is
+about K times one run's); the runs' own log records and warnings are withheld. Only K = 0
+(a Poisson K) shows, inherently: there is no model.
 """
 
 import contextlib
@@ -337,7 +337,7 @@ def run_tune(
         raise DPVisionError("dpvision tune needs a finite target ε: the budget of the whole search")
     if not base.validation_fraction:
         base = dataclasses.replace(base, validation_fraction=DEFAULT_VALIDATION_FRACTION)
-    secret = SecretRandomness(base.secret_seed, secure=base.secure_mode)
+    secret = base.secret_randomness()  # secret_seed and this config, else fresh OS bits
     plan = _plan(base, search, settings, secret)
     say(
         f"tune: {len(plan.candidates)} candidates, a secret number of runs K "

@@ -49,7 +49,9 @@ class ValidationRelease:
       mode: ``private``, ``public`` or ``selection`` (tune's runs).
       noise: σ_v (0 with the noise off; unused when public or in selection).
       planned: how many counts the run planned (and recorded) to release.
-      generator: the secret noise generator.
+      secret: the run's secret randomness; release k draws its noise from the stream
+        ``validation k``, so a run resumed from a checkpoint (which restores ``made``) never
+        draws a noise twice.
       made: how many it released so far.
       exact: ``selection`` mode: the exact counts, for the selection only.
     """
@@ -57,7 +59,7 @@ class ValidationRelease:
     mode: str
     noise: float = 0.0
     planned: int = 0
-    generator: object = None
+    secret: SecretRandomness | None = None
     made: int = 0
     exact: list[int] = field(default_factory=list)
 
@@ -84,10 +86,9 @@ class ValidationRelease:
             return mode
         if config.validation_is_public or not count:
             return cls("public" if config.validation_is_public else "private")
-        generator = secret.noise("validation")
         if config.noise_off:
             ledger.record_non_private(released=f"{RELEASED} (noise off)", count=count)
-            return cls("private", 0.0, count, generator)
+            return cls("private", 0.0, count, secret)
         sigma = config.validation_noise or _default_noise(config, count)
         ledger.record(
             noise_multiplier=sigma,
@@ -95,9 +96,9 @@ class ValidationRelease:
             l2_sensitivity=1.0,
             count=count,
             released=RELEASED,
-            noise_source=noise_source(generator),
+            noise_source=noise_source(secret.noise("validation 0")),
         )
-        return cls("private", sigma, count, generator)
+        return cls("private", sigma, count, secret)
 
     def accuracy(self, accuracy: float, n: int) -> float:
         """The released accuracy for an exact ``accuracy`` on ``n`` held-out rows.
@@ -117,19 +118,20 @@ class ValidationRelease:
                 f"the run released more validation counts than the {self.planned} it was "
                 "calibrated for: this is a bug in dpvision, please report it"
             )
-        self.made += 1
+        index, self.made = self.made, self.made + 1
         value = observe_release(
             torch.tensor([float(correct)], dtype=torch.float64),
             l2_sensitivity=1.0,
             released=RELEASED,
         )
         if self.noise:
+            assert self.secret is not None
             value = value + gaussian_noise(
                 (1,),
                 l2_sensitivity=1.0,
                 noise_multiplier=self.noise,
                 dtype=torch.float64,
-                generator=self.generator,  # type: ignore[arg-type]
+                generator=self.secret.noise(f"validation {index}"),
             )
         # Post-processing: an accuracy outside [0, 1] says nothing more than its clamp.
         return min(max(float(value[0]) / n, 0.0), 1.0)

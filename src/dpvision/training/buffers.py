@@ -74,6 +74,13 @@ def _identical(before: torch.Tensor, after: torch.Tensor) -> bool:
     return bool(same.all())
 
 
+def _watched(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """The buffers and the frozen parameters (``requires_grad=False``): what a forward pass
+    must not write (a trainable parameter changes only through the noisy update)."""
+    frozen = [(n, p.detach()) for n, p in model.named_parameters() if not p.requires_grad]
+    return [*model.named_buffers(), *frozen]
+
+
 class BufferWatch:
     """Refuses writes to a module's buffers between :meth:`start` and :meth:`check`.
 
@@ -82,7 +89,8 @@ class BufferWatch:
     checkpoint, the caller's own code): :meth:`start` takes them as they are.
 
     Args:
-      model: the module whose buffers (all of them, persistent or not) are watched.
+      model: the module whose buffers (all of them, persistent or not) and frozen
+        parameters are watched.
       what: how the error names ``model`` (``"the model"``, ``"the module"``).
 
     Privacy:
@@ -97,7 +105,7 @@ class BufferWatch:
 
     def start(self) -> None:
         """Remembers the buffers as they are now."""
-        buffers = list(self.model.named_buffers())
+        buffers = _watched(self.model)
         self._layout, self._before = _layout(buffers), _flatten(buffers)
 
     def check(self) -> None:
@@ -107,7 +115,7 @@ class BufferWatch:
         Raises:
           DPVisionError: one line naming the first buffer that changed and the fixes.
         """
-        buffers = list(self.model.named_buffers())
+        buffers = _watched(self.model)
         if _layout(buffers) == self._layout:
             after = _flatten(buffers)
             if all(_identical(self._before[key], flat) for key, flat in after.items()):
@@ -115,7 +123,8 @@ class BufferWatch:
         name = self._changed(buffers)
         if name is not None:
             raise DPVisionError(
-                f"buffer {name!r} of {self.what} changed during a private forward pass: it "
+                f"buffer or frozen parameter {name!r} of {self.what} changed during a private "
+                "forward pass: it "
                 "would keep an exact statistic of the private batch (published with the "
                 "model, read by later steps); freeze it (module.eval(), freeze_batchnorm), "
                 "compute it without a buffer, or replace the module (BatchNorm -> GroupNorm)"

@@ -123,9 +123,11 @@ def training_rows(
     public_fraction: float,
     validation_fraction: float,
     key: bytes,
+    also_public: np.ndarray | None = None,
 ) -> Rows:
     """The rows of a private run: the public slice left out, then the validation split
-    (secret ``key``) held out of the private rows.
+    (secret ``key``) held out of the private rows. ``also_public``: more rows to leave out
+    as public (copies of the public examples a weight file was trained on).
 
     >>> images = np.arange(1000, dtype=np.uint8).reshape(500, 2, 1, 1) % 251
     >>> labels = np.arange(500) % 3
@@ -141,6 +143,9 @@ def training_rows(
     private, public = (
         (everything, none) if not public_fraction else public_split(rows, labels, public_fraction)
     )
+    if also_public is not None and len(also_public):
+        private = np.setdiff1d(private, also_public)
+        public = np.union1d(public, also_public)
     if not validation_fraction:
         return Rows(private, none, public)
     coins = split_coins(rows, labels, key)[private]  # each row's own coin, read in place

@@ -36,7 +36,7 @@ import torch.nn.functional as F  # noqa: N812 (the usual PyTorch alias)
 from dpvision.accounting import PrivacyLedger, calibrate_noise_multiplier, default_accountant
 from dpvision.config import TrainConfig
 from dpvision.data.inputs import DATASET_STATISTICS, LazyInputs, TrainingData, lazy_pixel_inputs
-from dpvision.data.splits import public_digests, training_rows
+from dpvision.data.splits import public_digests, public_split, training_rows
 from dpvision.distributed import Workers, current
 from dpvision.errors import DPVisionError
 from dpvision.features import feature_shape, load_or_extract, parse_feature_spec
@@ -596,26 +596,31 @@ def load_inputs(
     dataset = config.load_dataset()
     ledger = PrivacyLedger()
     labels = np.asarray(dataset.train_labels)
+    also_public = None
+    if options.init is not None:  # copies of the weights' public rows are public too
+        candidates = np.arange(len(labels))
+        if config.public_fraction:
+            candidates = public_split(dataset.train_images, labels, config.public_fraction)[0]
+        trained_on = check_private_rows(
+            read_weights(options.init)[1],
+            dataset.name,
+            private_rows=dataset.train_images[candidates],
+            private_labels=labels[candidates],
+            what=f"learner.init {options.init}",
+            allow=options.init_allow_same_dataset,
+            override="learner.init_allow_same_dataset = true",
+        )
+        also_public = candidates[trained_on]
     split = training_rows(
         dataset.train_images,
         labels,
         public_fraction=config.public_fraction,
         validation_fraction=config.validation_fraction,
         key=secret.split_key(),
+        also_public=also_public,
     )
     rows, held = split.train, split.validation
     subset = len(rows) < len(labels)
-    if options.init is not None:  # weights trained on any private row are refused
-        private = np.union1d(rows, held)
-        check_private_rows(
-            read_weights(options.init)[1],
-            dataset.name,
-            private_rows=dataset.train_images[private],
-            private_labels=labels[private],
-            what=f"learner.init {options.init}",
-            allow=options.init_allow_same_dataset,
-            override="learner.init_allow_same_dataset = true",
-        )
 
     def data(train: Any, test: Any, validation: Any) -> TrainingData:
         return TrainingData(

@@ -61,7 +61,7 @@ def run_features(
     significant = {k: v for k, v in config.to_dict().items() if k != "data_dir"}
     workers.check_agree(significant, "the configuration")
     spec = parse_feature_spec(config.features)
-    source = None
+    source, also_public = None, None
     if spec.name == "precomputed":
         assert spec.path is not None  # checked by FeatureSpec
         say(f"reading precomputed features of {config.dataset} from {spec.path}", quiet)
@@ -72,18 +72,20 @@ def run_features(
         say(f"loading dataset {config.dataset}", quiet)
         dataset = config.load_dataset()
         source = feature_source(spec) if spec.name in NETWORK_FEATURES else None
-        if source is not None:  # weights trained on any private row are not free
+        if source is not None:  # copies of the weights' public rows are public too
             labels = np.asarray(dataset.train_labels)
             private = np.arange(len(labels))
             if config.public_fraction:
                 private = public_split(dataset.train_images, labels, config.public_fraction)[0]
-            check_private_rows(
-                read_weights(source)[1],
-                dataset.name,
-                private_rows=dataset.train_images[private],
-                private_labels=labels[private],
-                what=f"the {spec.name} weights {source}",
-            )
+            also_public = private[
+                check_private_rows(
+                    read_weights(source)[1],
+                    dataset.name,
+                    private_rows=dataset.train_images[private],
+                    private_labels=labels[private],
+                    what=f"the {spec.name} weights {source}",
+                )
+            ]
         say(
             f"features {config.features} for {dataset.num_train} + {dataset.num_test} images",
             quiet,
@@ -108,6 +110,7 @@ def run_features(
         public_fraction=config.public_fraction,
         validation_fraction=config.validation_fraction,
         key=secret.split_key(),
+        also_public=also_public,
     )
     rows, kept = split.train, split.validation
     if len(kept):

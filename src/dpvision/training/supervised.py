@@ -406,49 +406,51 @@ def check_private_rows(
     what: str,
     allow: bool = False,
     override: str | None = None,
-) -> None:
-    """Refuses weights trained on any of a private run's rows (the run's training and
-    validation rows, its public slice left out): that training's privacy cost would be
-    outside the run's ledger.
+) -> np.ndarray:
+    """Which of a private run's rows (its public slice left out) the weights were trained
+    on: a boolean mask, True for rows to leave out as public.
 
     A file of supervised pre-training records the digests of its rows
-    (:func:`public_rows_record`); the private rows are hashed the same way and one in
-    common refuses the weights, whatever the dataset is called and however many rows it
-    has (a digest reads its example alone). A file that records no rows under this
-    version's split — an older one, another tool's — is judged by the dataset it names
-    (:func:`dpvision.models.weights.check_trained_on`). ``allow`` (the user's explicit
-    ``override``, when the caller offers one) lets any pass.
+    (:func:`public_rows_record`); the private rows are hashed the same way, whatever the
+    dataset is called and however many rows it has (a digest reads its example alone).
 
-    Privacy: the verdict is a function of the private rows (whether one of them is among
-    the file's rows) and is not covered by the run's (ε, δ); it is given before anything is
-    released, to whoever starts the run. Weights from this dataset's public slice at a
-    fraction no larger than the run's pass whatever the private rows are: an example's
-    digest is its public coin, and the run keeps private only those at or above its own
-    fraction.
+    * Weights from a *declared public slice* (``public_fraction`` > 0 in the record): a
+      private row with the digest of one of those rows is a copy of a public example, and
+      the run leaves it out as public (the mask). No error: a refusal would say whether the
+      private data holds such a copy, and leaving it out makes the dataset with the copy
+      and the dataset without it run alike.
+    * Weights trained on a whole training set (``public_fraction`` 0: not declared public):
+      one private row in common refuses them — that training's privacy cost would be
+      outside the run's ledger.
+    * A file that records no rows under this version's split — an older one, another
+      tool's — is judged by the dataset it names
+      (:func:`dpvision.models.weights.check_trained_on`).
+
+    ``allow`` (the user's explicit ``override``, when the caller offers one) lets any pass
+    and leaves nothing out.
+
+    Privacy: the mask leaves out rows that are copies of declared-public examples; which
+    rows they are depends on each row alone. The refusal of whole-dataset weights is a
+    function of the private rows, given before anything is released.
 
     Raises:
       DPVisionError: one line saying why and how to proceed.
     """
+    none = np.zeros(len(private_labels), dtype=bool)
     if allow:
-        return
+        return none
     recorded = _recorded_digests(record, what)
     if recorded is None:
         check_trained_on(record, dataset, what=what, same=same_dataset, override=override)
-        return
-    private = public_digests(private_rows, private_labels)
-    common = int(np.isin(private, recorded).sum())
-    if not common:
-        return
-    fraction = record.get("public_fraction") or 0.0
+        return none
+    common = np.isin(public_digests(private_rows, private_labels), recorded)
+    if record.get("public_fraction") or not common.any():
+        return common
     raise DPVisionError(
-        f"{what} was trained on {common} of this run's {len(private)} private rows "
-        f"({record.get('trained_on') or record.get('dataset')}), outside this run's ledger: "
-        + (
-            f"set public_fraction = {fraction:g} (or more) so that they are public rows"
-            if fraction
-            else "pre-train on other data"
-        )
-        + (f", or set {override}" if override else "")
+        f"{what} was trained on {int(common.sum())} of this run's {len(common)} private rows "
+        f"({record.get('trained_on') or record.get('dataset')}, not declared public), outside "
+        "this run's ledger: pre-train on other data or on a declared public slice "
+        "(--public-fraction)" + (f", or set {override}" if override else "")
     )
 
 

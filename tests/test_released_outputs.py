@@ -24,9 +24,15 @@ JUSTIFIED = {
     "model": PUBLIC,
     "config": PUBLIC + " (the fully resolved config)",
     "seed": PUBLIC,
+    "secret_randomness": "public: the source of the secret randomness (os, user-secret, "
+    "csprng), never the secret",
+    "validation": "public: the validation mode (private or public)",
+    "validation_noise": "public: σ_v, calibrated from ε, δ and the planned count",
+    "validation_accuracy": "noisy count of correct validation examples over n_validation "
+    "(sensitivity 1, in the ledger), or exact where validation = 'public'",
     "n_train": "public by convention: n (as in the papers; the sample rate q = B/n needs it)",
     "n_test": "test data, not private training data",
-    "n_validation": "public by convention, as n: round(validation_fraction · n)",
+    "n_validation": "public by convention, as n: about validation_fraction · n",
     "num_features": "public: the feature extractor's output width, fixed by the config",
     "num_parameters": "public: the model architecture, fixed by the config",
     "num_trained_parameters": "public: the architecture and learner.finetune",
@@ -74,7 +80,14 @@ JUSTIFIED = {
     "recipe": "public: what the default recipe chose from the config, ε, n and the image "
     "shape, and why",
 }
-HISTORY_FIELDS = {"step", "phase", "test_accuracy", "test_accuracy_ema"}
+HISTORY_FIELDS = {
+    "step",
+    "phase",
+    "test_accuracy",
+    "test_accuracy_ema",
+    "validation_accuracy",  # noisy counts (runs/validation.py)
+    "validation_accuracy_ema",
+}
 
 
 def _train(tmp_path: Path, *args: str) -> dict:

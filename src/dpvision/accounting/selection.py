@@ -96,7 +96,8 @@ class Repetitions:
         return low
 
     def sample(self, rng: np.random.Generator) -> int:
-        """Draws K (a public coin: K depends on no data)."""
+        """Draws K from ``rng``, which must be secret: K depends on no data, but the bound
+        holds only while K stays hidden (:mod:`dpvision.runs.tune`)."""
         if self.poisson:
             return int(rng.poisson(self.mean))
         gamma = self.gamma

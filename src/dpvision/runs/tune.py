@@ -386,7 +386,8 @@ def run_tune(
     released.update(
         tuning=tuning,
         selected={"candidate": index, "setting": chosen.setting},
-        validation_score_noisy=score / plan.num_validation,
+        # Post-processing of the noisy count: an accuracy outside [0, 1] says nothing more.
+        validation_score_noisy=min(max(score / plan.num_validation, 0.0), 1.0),
         recipe={
             **chosen.recipe,
             "summary": f"{chosen.recipe['summary']}; selected privately from "
@@ -396,7 +397,7 @@ def run_tune(
     say(
         f"tune: selected candidate {index} "
         f"({', '.join(_set_items(chosen.setting)) or 'the base config'}), noisy validation "
-        f"accuracy {100 * score / plan.num_validation:.2f} %",
+        f"accuracy {100 * min(max(score / plan.num_validation, 0.0), 1.0):.2f} %",
         quiet,
     )
     model = dataclasses.replace(model, privacy=privacy_of(released))

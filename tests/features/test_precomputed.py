@@ -116,6 +116,7 @@ def test_training_reads_the_files_and_matches_the_learner_on_the_same_arrays(tmp
             features=f"precomputed:path={folder}",
             epsilon=1.0,
             seed=3,
+            secret_seed=3,
             learner={"clip_norm": 5.0},
         )
     )
@@ -123,11 +124,13 @@ def test_training_reads_the_files_and_matches_the_learner_on_the_same_arrays(tmp
     assert (result["dataset"], result["n_train"], result["n_test"]) == ("cifar10", 300, 120)
     assert result["num_features"] == 12
     assert result["epsilon"] <= 1.0
-    # The same learner on the same arrays, seeded as the pipeline seeds it, gives the same model.
-    from dpvision.runs.features import _seeds
-
+    # The same learner on the same arrays, with the noise stream the pipeline gives it
+    # (the run's secret randomness, replayed from its secret seed), gives the same model.
     direct = DPLeastSquares(
-        target_epsilon=1.0, clip_norm=5.0, random_state=_seeds(3)[1], num_classes=10
+        target_epsilon=1.0,
+        clip_norm=5.0,
+        random_state=config.secret_randomness().seed("learner"),
+        num_classes=10,
     )
     x, y = np.load(folder / "x_train.npy"), np.load(folder / "y_train.npy")
     direct.fit(x, y)

@@ -30,3 +30,15 @@ def _torch_threads() -> Iterator[None]:
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Phase I encoder for 8x8 gray images like digits' (synthetic data: public)."""
+    from dpvision.training.pretrain import PretrainOptions, pretrain
+
+    path = tmp_path_factory.mktemp("encoder") / "enc.pt"
+    options = {"model": "mlp-16", "synthetic": "dead-leaves-mixed", "size": 8, "channels": 1}
+    options |= {"num_images": 64, "batch_size": 32, "steps": 3}
+    pretrain(PretrainOptions.from_dict(options), path, quiet=True)
+    return path

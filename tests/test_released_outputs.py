@@ -96,18 +96,6 @@ def _train(tmp_path: Path, *args: str) -> dict:
     return json.loads(out.read_text())
 
 
-@pytest.fixture(scope="module")
-def encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny Phase I encoder for digits' 8x8 gray images (synthetic data: public)."""
-    from dpvision.training.pretrain import PretrainOptions, pretrain
-
-    path = tmp_path_factory.mktemp("encoder") / "enc.pt"
-    options = {"model": "mlp-16", "synthetic": "dead-leaves-mixed", "size": 8, "channels": 1}
-    options |= {"num_images": 64, "batch_size": 32, "steps": 3}
-    pretrain(PretrainOptions.from_dict(options), path, quiet=True)
-    return path
-
-
 def test_every_tune_result_field_is_justified(tmp_path):
     out = tmp_path / "tuned.json"
     argv = ["tune", "--quiet", "--json", str(out), "--set", "learner.epochs=2"]

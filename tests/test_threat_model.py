@@ -47,18 +47,6 @@ def _write(path: Path, images: np.ndarray, labels: np.ndarray) -> str:
     return f"npz:{path}"
 
 
-@pytest.fixture(scope="module")
-def encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny Phase I encoder for 8x8 gray images (synthetic data: public)."""
-    from dpvision.training.pretrain import PretrainOptions, pretrain
-
-    path = tmp_path_factory.mktemp("encoder") / "enc.pt"
-    options = {"model": "mlp-16", "synthetic": "dead-leaves-mixed", "size": 8, "channels": 1}
-    options |= {"num_images": 64, "batch_size": 32, "steps": 3}
-    pretrain(PretrainOptions.from_dict(options), path, quiet=True)
-    return path
-
-
 METHODS: dict[str, dict[str, Any]] = {
     "dp-ls": {"method": "dp-ls", "features": "pixels"},
     "dp-newton": {"method": "dp-newton", "features": "pixels", "learner": {"iterations": 2}},

@@ -116,10 +116,10 @@ def _random_example(data: tuple[Any, ...], rng: np.random.Generator) -> tuple[An
     return image, labels[int(rng.integers(len(labels)))]
 
 
-def _example_on(side: str) -> Any:
+def _example_on(side: str, secret_key: bytes) -> Any:
     """An outlier that lands on ``side`` (``validation``, ``public`` or ``train``) of the
-    splits of :func:`test_releases_move_at_most_their_sensitivity_through_the_splits`."""
-    secret_key = SecretRandomness(SECRET).split_key()
+    splits of :func:`test_releases_move_at_most_their_sensitivity_through_the_splits`
+    (``secret_key``: the run's validation split key)."""
 
     def make(data: tuple[Any, ...], rng: np.random.Generator) -> tuple[Any, ...]:
         while True:
@@ -156,12 +156,17 @@ def test_releases_move_at_most_their_sensitivity_through_the_splits(tmp_path, me
         fields["learner"]["eval_every"] = 2  # validation counts along training too
     if method == "dp-sgd-linear":
         fields["learner"] |= {"sample_rate": 0.2, "expected_batch_size": 60.0, "batch_size": None}
-    calls = iter(range(100))
 
     def run(data: tuple[Any, ...]) -> None:
-        dataset = _write(tmp_path / f"d{next(calls)}.npz", *data)
+        # One path for D and D′: the path is part of the config that keys the secret.
+        dataset = _write(tmp_path / "d.npz", *data)
         dpvision.train(**fields, dataset=dataset)
 
+    from dpvision.config import resolve
+
+    # The run's secret (from its secret seed and its config) keys its validation split.
+    secret_key = resolve(None, {**fields, "dataset": _write(tmp_path / "d.npz", images, labels)})
+    secret_key = secret_key.secret_randomness().split_key()
     n = len(labels)
     sides = ["validation", "public"]
     if method in FULL_BATCH or method == "dp-sgd-linear":
@@ -172,7 +177,7 @@ def test_releases_move_at_most_their_sensitivity_through_the_splits(tmp_path, me
             run,
             (images, labels),
             positions=[n] if appended_only else [n, 0, n // 2],
-            outlier=_example_on(side),
+            outlier=_example_on(side, secret_key),
             tolerance=1e-5,
         )
         assert report.refusal is None, report.refusal

@@ -159,7 +159,8 @@ class TrainConfig:
         """This run's secret randomness (:mod:`dpvision.mechanisms.secret`): fresh OS bits,
         or derived from ``secret_seed`` *and this config*, so runs of other configs never
         share their noise with it."""
-        context = {k: v for k, v in self.to_dict().items() if k != "data_dir"}
+        # Where the data and the computation are is not what the run is.
+        context = {k: v for k, v in self.to_dict().items() if k not in ("data_dir", "device")}
         return SecretRandomness(
             self.secret_seed,
             secure=self.secure_mode,

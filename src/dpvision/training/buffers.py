@@ -122,9 +122,9 @@ class BufferWatch:
                 return
         name = self._changed(buffers)
         if name is not None:
+            kind = "buffer" if name in dict(self.model.named_buffers()) else "frozen parameter"
             raise DPVisionError(
-                f"buffer or frozen parameter {name!r} of {self.what} changed during a private "
-                "forward pass: it "
+                f"{kind} {name!r} of {self.what} changed during a private forward pass: it "
                 "would keep an exact statistic of the private batch (published with the "
                 "model, read by later steps); freeze it (module.eval(), freeze_batchnorm), "
                 "compute it without a buffer, or replace the module (BatchNorm -> GroupNorm)"

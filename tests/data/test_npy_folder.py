@@ -9,7 +9,8 @@ import pytest
 from dpvision.config import resolve
 from dpvision.data import load_dataset
 from dpvision.errors import DPVisionError
-from dpvision.runs.train import run_training
+from dpvision.mechanisms.secret import SecretRandomness
+from dpvision.runs.train import fit
 
 
 def _arrays(n_train: int = 120, n_test: int = 45) -> dict[str, np.ndarray]:
@@ -56,21 +57,17 @@ def test_dpsgd_on_a_mapped_dataset_equals_the_loaded_one(tmp_path: Path) -> None
         f"learner.{k}={json.dumps(v)}"
         for k, v in {"batch_size": 30, "steps": 4, "augmult": 2, "crop_padding": 2}.items()
     ]
+    # One secret for both (a run's own would be keyed by its dataset name too).
     results = [
-        run_training(
+        fit(
             resolve(
                 None,
-                {
-                    "dataset": name,
-                    "num_classes": 10,
-                    "method": "dp-sgd",
-                    "noise_multiplier": 1.0,
-                    "secret_seed": 5,  # the same secret randomness in both runs
-                },
+                {"dataset": name, "num_classes": 10, "method": "dp-sgd", "noise_multiplier": 1.0},
                 sets,
             ),
             quiet=True,
-        )
+            secret=SecretRandomness(5),
+        )[0]
         for name in (f"npy:{folder}", f"npz:{tmp_path / 'set.npz'}")
     ]
     assert results[0]["test_accuracy"] == results[1]["test_accuracy"]

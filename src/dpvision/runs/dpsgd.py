@@ -36,7 +36,7 @@ import torch.nn.functional as F  # noqa: N812 (the usual PyTorch alias)
 from dpvision.accounting import PrivacyLedger, calibrate_noise_multiplier, default_accountant
 from dpvision.config import TrainConfig
 from dpvision.data.inputs import DATASET_STATISTICS, LazyInputs, TrainingData, lazy_pixel_inputs
-from dpvision.data.splits import public_digests, public_split, training_rows
+from dpvision.data.splits import public_digests, training_rows
 from dpvision.distributed import Workers, current
 from dpvision.errors import DPVisionError
 from dpvision.features import feature_shape, load_or_extract, parse_feature_spec
@@ -58,7 +58,6 @@ from dpvision.runs.validation import ValidationRelease
 from dpvision.training.batching import micro_batches
 from dpvision.training.checkpoint import (
     TrainingState,
-    checkpoint_secret,
     fingerprint,
     resume,
     save_checkpoint,
@@ -68,7 +67,7 @@ from dpvision.training.engine import DPSGDStep, ParameterEMA
 from dpvision.training.evaluation import evaluate
 from dpvision.training.memory import check_memory, memory_error
 from dpvision.training.options import DPSGDOptions
-from dpvision.training.supervised import check_private_rows
+from dpvision.training.supervised import rows_trained_on
 from dpvision.training.transfer import TransferPlan, phase_optimizer
 
 PROGRESS_SECONDS = 30  # a progress line at least this often
@@ -107,7 +106,7 @@ def run_dpsgd(
     *,
     quiet: bool = False,
     checkpoint: str | Path | None = None,
-    secret: SecretRandomness | None = None,
+    secret: SecretRandomness,
     validation: ValidationRelease | None = None,
 ) -> tuple[dict[str, Any], TrainedModel]:
     """Trains one DP-SGD configuration; returns the result dict (DESIGN.md contract) and
@@ -118,8 +117,8 @@ def run_dpsgd(
       quiet: no progress lines on stderr.
       checkpoint: a checkpoint file; resumed from when it exists, written every
         ``learner.checkpoint_every`` steps and at the end.
-      secret: the run's secret randomness (None: from ``config.secret_seed``, else fresh);
-        a checkpoint's replaces it.
+      secret: the run's secret randomness, the same on every rank (a resumed run's is its
+        checkpoint's: :func:`dpvision.runs.train.fit` reads it).
       validation: tune's selection mode (:mod:`dpvision.runs.validation`).
 
     Privacy:
@@ -131,7 +130,6 @@ def run_dpsgd(
     """
     start = time.perf_counter()
     path = None if checkpoint is None else Path(checkpoint)
-    secret = secret or config.secret_randomness()
     run = _Run.start(config, quiet, path, secret, validation)
     loop_start = time.perf_counter()
     while run.state.sampler.step < run.steps:
@@ -176,7 +174,7 @@ class _Run:
         validation: ValidationRelease | None,
     ) -> "_Run":
         """Loads the data, calibrates σ, builds the model and the state, and resumes from
-        ``checkpoint`` when it exists (with the checkpoint's secret randomness)."""
+        ``checkpoint`` when it exists (``secret`` is then the checkpoint's)."""
         workers = current()
         if config.dpsgd.clipping_mode != "flat" and config.method != "dp-sgd":
             raise DPVisionError(
@@ -195,10 +193,6 @@ class _Run:
         options = config.dpsgd
         place = config.placement
         seeds = run_seeds(config.seed)
-        if checkpoint is not None:
-            secret = checkpoint_secret(checkpoint, workers) or secret
-        # Every rank draws the same noise and batches: rank 0's secret for all of them.
-        secret = SecretRandomness.from_state(workers.from_main(secret.state))
         data, preprocessing = load_inputs(config, options, secret, quiet)
         data = data.to(place.device)
         num_train = len(data.train_y)
@@ -598,19 +592,16 @@ def load_inputs(
     labels = np.asarray(dataset.train_labels)
     also_public = None
     if options.init is not None:  # copies of the weights' public rows are public too
-        candidates = np.arange(len(labels))
-        if config.public_fraction:
-            candidates = public_split(dataset.train_images, labels, config.public_fraction)[0]
-        trained_on = check_private_rows(
+        also_public = rows_trained_on(
             read_weights(options.init)[1],
             dataset.name,
-            private_rows=dataset.train_images[candidates],
-            private_labels=labels[candidates],
+            dataset.train_images,
+            labels,
+            config.public_fraction,
             what=f"learner.init {options.init}",
             allow=options.init_allow_same_dataset,
             override="learner.init_allow_same_dataset = true",
         )
-        also_public = candidates[trained_on]
     split = training_rows(
         dataset.train_images,
         labels,

@@ -11,7 +11,7 @@ import numpy as np
 from dpvision.accounting import PrivacyLedger, default_accountant, zcdp_epsilon
 from dpvision.accounting.gaussian import is_unsampled_gaussian
 from dpvision.config import TrainConfig
-from dpvision.data.splits import public_split, training_rows
+from dpvision.data.splits import training_rows
 from dpvision.distributed import current
 from dpvision.errors import DPVisionError
 from dpvision.features import feature_shape, load_or_extract, parse_feature_spec
@@ -25,7 +25,7 @@ from dpvision.mechanisms.secret import SecretRandomness
 from dpvision.models.weights import read_weights
 from dpvision.runs.saved import TrainedModel, privacy_of
 from dpvision.runs.validation import ValidationRelease
-from dpvision.training.supervised import check_private_rows
+from dpvision.training.supervised import rows_trained_on
 
 
 def _channels(config: TrainConfig, dataset: Any, spec: Any) -> int:
@@ -73,19 +73,14 @@ def run_features(
         dataset = config.load_dataset()
         source = feature_source(spec) if spec.name in NETWORK_FEATURES else None
         if source is not None:  # copies of the weights' public rows are public too
-            labels = np.asarray(dataset.train_labels)
-            private = np.arange(len(labels))
-            if config.public_fraction:
-                private = public_split(dataset.train_images, labels, config.public_fraction)[0]
-            also_public = private[
-                check_private_rows(
-                    read_weights(source)[1],
-                    dataset.name,
-                    private_rows=dataset.train_images[private],
-                    private_labels=labels[private],
-                    what=f"the {spec.name} weights {source}",
-                )
-            ]
+            also_public = rows_trained_on(
+                read_weights(source)[1],
+                dataset.name,
+                dataset.train_images,
+                dataset.train_labels,
+                config.public_fraction,
+                what=f"the {spec.name} weights {source}",
+            )
         say(
             f"features {config.features} for {dataset.num_train} + {dataset.num_test} images",
             quiet,

@@ -454,6 +454,39 @@ def check_private_rows(
     )
 
 
+def rows_trained_on(
+    record: dict[str, Any],
+    dataset: str,
+    images: np.ndarray,
+    labels: np.ndarray,
+    public_fraction: float,
+    *,
+    what: str,
+    allow: bool = False,
+    override: str | None = None,
+) -> np.ndarray:
+    """The rows of a private run's dataset to leave out as public because a weight file
+    was trained on copies of them: :func:`check_private_rows` on the rows outside the run's
+    own public slice (``public_fraction``), as dataset row indices.
+
+    Privacy: as :func:`check_private_rows`.
+    """
+    labels = np.asarray(labels)
+    private = np.arange(len(labels))
+    if public_fraction:
+        private = public_split(images, labels, public_fraction)[0]
+    mask = check_private_rows(
+        record,
+        dataset,
+        private_rows=images[private],
+        private_labels=labels[private],
+        what=what,
+        allow=allow,
+        override=override,
+    )
+    return private[mask]
+
+
 def _recorded_digests(record: dict[str, Any], what: str) -> np.ndarray | None:
     """The digests of the rows the file was trained on (uint64), or None when it records
     none under this version's public split; a record that does not match its sha256 or its

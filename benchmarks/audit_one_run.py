@@ -58,7 +58,7 @@ from dpvision.mechanisms import clipping, noise
 from dpvision.per_example.tape import ActivationTape
 from dpvision.privacy_engine import BatchMemoryManager
 from dpvision.privacy_engine import module as private_module
-from dpvision.privacy_engine.optimizer import DPOptimizer
+from dpvision.privacy_engine.optimizer import Chunk, DPOptimizer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CANARIES, INFORMATIVE, BASE, EPOCHS = 1000, 16, 1000, 5
@@ -91,6 +91,10 @@ def _per_row_passes() -> Callable[..., None]:
     return begin_pass
 
 
+def _unchecked(self, rows, inputs, labels):  # type: ignore[no-untyped-def]
+    """No check of a pass against the chunk the loader yielded (rows, inputs, labels)."""
+
+
 def _joined_passes() -> Callable[..., None]:
     honest = ActivationTape.begin_pass
 
@@ -103,8 +107,8 @@ def _joined_passes() -> Callable[..., None]:
 def _noise_per_chunk() -> Callable[..., None]:
     honest = DPOptimizer._accumulate
 
-    def accumulate(self):  # type: ignore[no-untyped-def]
-        honest(self)
+    def accumulate(self, *args):  # type: ignore[no-untyped-def]
+        honest(self, *args)
         chunks = math.ceil(self.expected_batch_size / SMALL_CHUNK)  # s, as planned
         std = self.noise_multiplier * self.max_grad_norm / chunks  # σC/s: no √ correction
         for grad in self.summed.grads.values():
@@ -123,8 +127,12 @@ def _patches(condition: str) -> list[tuple[Any, str, Any]]:
         "per-row clipping": lambda: [
             (private_module, "check_batch_layout", lambda *a, **k: None),
             (ActivationTape, "begin_pass", _per_row_passes()),
+            (Chunk, "check", _unchecked),
         ],
-        "passes clipped together": lambda: [(ActivationTape, "begin_pass", _joined_passes())],
+        "passes clipped together": lambda: [
+            (ActivationTape, "begin_pass", _joined_passes()),
+            (Chunk, "check", _unchecked),
+        ],
         "pending chunk released": lambda: [(DPOptimizer, "discard_pending", lambda *a: None)],
         "noise per chunk, no √": lambda: [
             (DPOptimizer, "_accumulate", _noise_per_chunk()),

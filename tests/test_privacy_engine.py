@@ -150,9 +150,10 @@ def _zero_gradient_updates(physical: int | None, steps: int, seed: int) -> torch
         max_physical_batch_size=physical,
         secret_seed=seed,  # replayable draws; the noise comes from the secret streams
     )
-    for x, _ in loader:
+    zero = private.per_example_loss(lambda out, _: 0.0 * out.sum(1))
+    for x, y in loader:
         optimizer.zero_grad()
-        (0.0 * private(x)).sum().backward()
+        zero(private(x), y).backward()
         optimizer.step()
         if optimizer.steps == steps:
             break

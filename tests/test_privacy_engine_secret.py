@@ -58,7 +58,7 @@ def _train(data: TensorDataset, *, batch_size: int = 8, **options) -> torch.Tens
 def _batches(**options) -> list[list[int]]:
     data = TensorDataset(torch.arange(40, dtype=torch.float64)[:, None], torch.zeros(40))
     _, _, _, loader = _make(nn.Linear(1, 1).double(), data, batch_size=8, lr=0.0, **options)
-    return [x[:, 0].long().tolist() for x, _ in loader]
+    return list(loader.loader.batch_sampler)  # the indices, without stepping on them
 
 
 def test_rerunning_the_published_seed_does_not_reproduce_the_model():
@@ -128,8 +128,8 @@ def _noise_releases(engine: PrivacyEngine, models: int) -> list[torch.Tensor]:
             max_grad_norm=CLIP,
             secret_seed=SECRET,
         )
-        x, _ = next(iter(loader))
-        (0.0 * private(x)).sum().backward()
+        x, y = next(iter(loader))
+        private.per_example_loss(lambda out, _: 0.0 * out.sum(1))(private(x), y).backward()
         optimizer.step()
         releases.append(model.weight.grad.clone())
     return releases

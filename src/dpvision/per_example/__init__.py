@@ -8,6 +8,9 @@
 * :mod:`dpvision.per_example.layers` — the per-layer rules book-keeping uses.
 * :mod:`dpvision.per_example.batch_layout` — probes that each layer sees one row per example.
 * :mod:`dpvision.per_example.groups` — group-wise (per-layer) clip norms C_g.
+* :mod:`dpvision.per_example.precision` — :func:`exact_arithmetic`: the norms and the clipped
+  sums in IEEE float32 whatever the user's TF32, matmul-precision and autocast settings, so
+  that each clip factor bounds the contribution it scales.
 
 :func:`clip_and_sum` chooses among them (``clipping = auto | bookkeeping | vmap``); all give
 the same clipped sum, of L2 sensitivity C (√(Σ C_g²) when clipped per layer).
@@ -20,6 +23,7 @@ from dpvision.per_example.bookkeeping import (
     supports_bookkeeping,
 )
 from dpvision.per_example.groups import GroupNorms, per_layer
+from dpvision.per_example.precision import exact_arithmetic
 from dpvision.per_example.reference import (
     ClippedGradientSum,
     clipped_gradient_sum,
@@ -36,6 +40,7 @@ __all__ = [
     "bookkeeping_clipped_gradient_sum",
     "clip_and_sum",
     "clipped_gradient_sum",
+    "exact_arithmetic",
     "functional_clipped_sum",
     "per_layer",
     "supports_bookkeeping",

@@ -51,17 +51,22 @@ def signature(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     return tensors, model.training, trainable
 
 
-def _perturbed(batch: torch.Tensor, views: int) -> torch.Tensor | None:
-    """The batch with example 0 (its first ``views`` rows) changed, or None if impossible."""
+def perturbed(
+    batch: torch.Tensor, views: int, example: int = 0, strength: float = 1.0
+) -> torch.Tensor | None:
+    """The batch with one example (its ``views`` rows from ``example·views``) changed by
+    about ``strength`` times its own size, or None if impossible."""
     changed = batch.clone()
+    rows = slice(example * views, (example + 1) * views)
     if batch.is_floating_point() or batch.is_complex():
         generator = torch.Generator(device=batch.device).manual_seed(0)
         noise = torch.randn(
-            changed[:views].shape, generator=generator, device=batch.device, dtype=batch.dtype
+            changed[rows].shape, generator=generator, device=batch.device, dtype=batch.dtype
         )
-        changed[:views] += noise * (1 + batch[:views].abs())
+        changed[rows] += noise * strength * (1 + batch[rows].abs())
     else:  # token ids and the like: take another example's values
-        changed[:views] = batch[views : 2 * views]
+        other = (example + 1) % max(1, batch.shape[0] // views)
+        changed[rows] = batch[other * views : (other + 1) * views]
     return None if torch.equal(changed, batch) else changed
 
 
@@ -101,13 +106,20 @@ def _run(
     return seen, [t.detach() for t in output_tensors(output)]
 
 
-def _mixed_rows(before: torch.Tensor, after: torch.Tensor, views: int) -> bool:
-    """Whether rows other than example 0's changed (beyond rounding)."""
-    others = (after[views:].to(torch.float64) - before[views:].to(torch.float64)).abs()
-    if others.numel() == 0:
+def mixed_rows(before: torch.Tensor, after: torch.Tensor, views: int, example: int = 0) -> bool:
+    """Whether rows other than ``example``'s changed (beyond rounding; a row that became NaN
+    or infinite changed)."""
+    keep = torch.ones(before.shape[0], dtype=torch.bool, device=before.device)
+    keep[example * views : (example + 1) * views] = False
+    b = before[keep].to(torch.float64)
+    a = after[keep].to(torch.float64).to(b.device)
+    if b.numel() == 0:
         return False
-    scale = float(before.abs().max()) if before.numel() else 0.0
-    return bool(others.max() > 1e-6 * scale + 1e-30)
+    same = (a == b) | (a.isnan() & b.isnan())
+    finite = b[torch.isfinite(b)]
+    scale = float(finite.abs().max()) if finite.numel() else 0.0
+    close = (a - b).abs() <= 1e-6 * scale + 1e-30
+    return not bool((same | close).all())
 
 
 def check_batch_layout(
@@ -134,7 +146,7 @@ def check_batch_layout(
     rows = batch.shape[0]
     if rows < 2 * views:
         return  # one example: every row is its own
-    changed = _perturbed(batch, views)
+    changed = perturbed(batch, views)
     if changed is None:
         return
     swapped_args = tuple(changed if a is batch else a for a in args)
@@ -159,14 +171,14 @@ def check_batch_layout(
                 )
             if before.shape != after.shape:
                 raise LayoutError(f"the input shape of layer {where} depends on the data")
-            if _mixed_rows(before, after, views):
+            if mixed_rows(before, after, views):
                 raise LayoutError(
                     f"layer {where} mixes examples: its input rows change when another example "
                     "changes (a transposed (T, B, ...) input, or an operation across the batch "
                     "before it); keep the examples first and separate"
                 )
     for before, after in zip(out, out2, strict=False):
-        if before.dim() and before.shape[0] == rows and _mixed_rows(before, after, views):
+        if before.dim() and before.shape[0] == rows and mixed_rows(before, after, views):
             raise LayoutError(
                 "the model's output mixes examples: a row changes when another example changes "
                 "(an operation across the batch, like BatchNorm); per-example clipping needs "

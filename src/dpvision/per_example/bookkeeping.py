@@ -50,6 +50,7 @@ from dpvision.per_example.layers import (
     claims,
     layer_terms,
 )
+from dpvision.per_example.precision import autocast_enabled, exact_arithmetic
 from dpvision.per_example.reference import ClippedGradientSum, autocast, clipped_gradient_sum
 from dpvision.per_example.tape import ActivationTape, UnsupportedError, tracked_layers
 
@@ -110,12 +111,43 @@ def clip_terms(
         min(1, C_g/‖g_{i,g}‖) (``max_grad_norm`` unused); a layer whose terms span several
         groups raises :class:`~dpvision.per_example.tape.UnsupportedError`.
 
+    The clipped sums are computed under
+    :func:`~dpvision.per_example.precision.exact_arithmetic`; the terms' norms must have been
+    computed under it too (wrap :func:`~dpvision.per_example.layers.layer_terms` in it), so
+    that each cᵢ bounds the contribution the sums actually add.
+
     Privacy:
       Releases nothing. The result has L2 sensitivity C under add/remove-one: cᵢ = min(1,
       C/‖gᵢ‖) with the norm over all trainable parameters together (with ``groups``:
       √(Σ C_g²)); examples whose norm is not finite, and masked examples, get cᵢ = 0 and
-      their rows are zeroed.
+      their rows are zeroed. This holds up to float32 rounding when the norms and the sums
+      are both IEEE float32 (see above), not with TF32 or reduced-precision products.
     """
+    like = next(iter(params.values()), None)
+    with exact_arithmetic(None if like is None else like.device):
+        return _clip_terms(
+            terms,
+            params,
+            batch,
+            max_grad_norm=max_grad_norm,
+            mask=mask,
+            grad_scale=grad_scale,
+            groups=groups,
+        )
+
+
+def _clip_terms(
+    terms: list[tuple[str, LayerTerms]],
+    params: Mapping[str, torch.Tensor],
+    batch: int,
+    *,
+    max_grad_norm: float,
+    mask: torch.Tensor | None,
+    grad_scale: float,
+    groups: GroupNorms | None,
+) -> ClippedGradientSum:
+    """:func:`clip_terms` inside its exact arithmetic (same arguments and privacy: releases
+    nothing; the result has L2 sensitivity C, or √(Σ C_g²) with ``groups``)."""
     like = next(iter(params.values()), None)
     sq = torch.zeros(batch) if like is None else like.new_zeros(batch)
     for _, layer in terms:
@@ -190,6 +222,9 @@ def _bookkeeping_sum(
     flat = inputs.reshape(batch * k, *inputs.shape[2:]) if views else inputs
     labels = targets.repeat_interleave(k) if views else targets
     verify = _first_use(model, flat)  # the call signature to verify, or None
+    # A forward in low precision: under ``precision``, or under the caller's own autocast
+    # (``optimizer.step()`` inside ``torch.autocast``).
+    low = precision is not None or autocast_enabled(flat.device)
     tape = ActivationTape(model, mode="edges")
     with tape.attached(), torch.enable_grad():
         with autocast(flat.device, precision):
@@ -212,22 +247,28 @@ def _bookkeeping_sum(
             grads = torch.autograd.grad(total, sources, allow_unused=True)
             tape.set_edge_grads(grads[:edges])
         terms = []
-        for path, module, calls in tape.calls():
-            if any(n != batch * k for call in calls for n in tape.rows(module, call)):
-                raise UnsupportedError(f"layer {path or 'root'} did not see one row per view")
-            if precision is not None:  # norms and sums from the recorded values, in float32
-                calls = [_float32(call) for call in calls]
-            with tape.paused():  # a rule that recomputes its layer must not be recorded
-                terms.append((path, layer_terms(module, calls, k, strategy)))
-    if verify is not None:
-        # Under autocast the parameters' own gradients were rounded to the low precision.
-        loose = 1.0 if precision is None else 20.0
-        true = dict(zip(names, grads[edges:], strict=True))
-        reason = unclipped_mismatch(terms, true, batch, tolerance=loose)
-        if reason is not None:
-            _VERDICTS[model][verify] = reason
-            raise UnsupportedError(reason)
-    return clip_terms(terms, params, batch, max_grad_norm=max_grad_norm, mask=mask, groups=groups)
+        # The norms, and below the sums they clip, in IEEE float32 whatever the user's TF32,
+        # matmul-precision and autocast settings (dpvision.per_example.precision).
+        with exact_arithmetic(flat.device):
+            for path, module, calls in tape.calls():
+                if any(n != batch * k for call in calls for n in tape.rows(module, call)):
+                    raise UnsupportedError(f"layer {path or 'root'} did not see one row per view")
+                if low:  # norms and sums from the recorded values, in float32
+                    calls = [float32_calls(call) for call in calls]
+                with tape.paused():  # a rule that recomputes its layer must not be recorded
+                    terms.append((path, layer_terms(module, calls, k, strategy)))
+    with exact_arithmetic(flat.device):
+        if verify is not None:
+            # Under autocast the parameters' own gradients were rounded to the low precision.
+            loose = 20.0 if low else 1.0
+            true = dict(zip(names, grads[edges:], strict=True))
+            reason = unclipped_mismatch(terms, true, batch, tolerance=loose)
+            if reason is not None:
+                _VERDICTS[model][verify] = reason
+                raise UnsupportedError(reason)
+        return clip_terms(
+            terms, params, batch, max_grad_norm=max_grad_norm, mask=mask, groups=groups
+        )
 
 
 # Per model: for each call signature, None once book-keeping was verified, else the reason
@@ -337,7 +378,11 @@ def clip_and_sum(
         layers recorded (exactly: every bfloat16 is a float32) before it computes the
         per-example norms and the clipped sum, so each example's contribution is clipped
         with the norm of that very contribution, and the vmap reference differentiates
-        the float32 parameters. The loss is computed in float32.
+        the float32 parameters. The loss is computed in float32. The norms and the sums
+        run in IEEE float32 under
+        :func:`~dpvision.per_example.precision.exact_arithmetic` whatever the caller's TF32,
+        matmul-precision and autocast settings (which the forward and backward keep); a
+        caller's autocast around the call is treated like ``precision``.
       groups: group-wise clipping (:mod:`dpvision.per_example.groups`): each example's
         gradient restricted to layer g is clipped to C_g; sensitivity √(Σ C_g²).
 
@@ -347,7 +392,8 @@ def clip_and_sum(
     Privacy:
       Releases nothing by itself. The output has L2 sensitivity C under add/remove-one: each
       example's gradient (the mean over its K views, all trainable parameters together) is
-      clipped to norm C before the sum. Non-finite per-example gradients are zeroed and
+      clipped to norm C before the sum, up to float32 rounding (norms and sums in the same
+      IEEE float32 arithmetic, never TF32). Non-finite per-example gradients are zeroed and
       counted, never propagated.
     """
     if not max_grad_norm > 0:
@@ -380,15 +426,15 @@ def clip_and_sum(
     return clipped_gradient_sum(*batch, **how)
 
 
-def _float32(value: Any) -> Any:
+def float32_calls(value: Any) -> Any:
     """``value`` with every low-precision floating tensor in it upcast to float32 (exact)."""
     if isinstance(value, torch.Tensor):
         low = value.is_floating_point() and value.element_size() < 4
         return value.float() if low else value
     if isinstance(value, tuple | list):
-        return type(value)(_float32(v) for v in value)
+        return type(value)(float32_calls(v) for v in value)
     if isinstance(value, dict):
-        return {k: _float32(v) for k, v in value.items()}
+        return {k: float32_calls(v) for k, v in value.items()}
     return value
 
 

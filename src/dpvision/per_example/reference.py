@@ -21,6 +21,7 @@ from torch.func import functional_call, grad, vmap
 from dpvision.errors import DPVisionError
 from dpvision.mechanisms import clipping
 from dpvision.per_example.groups import GroupNorms, group_of
+from dpvision.per_example.precision import exact_arithmetic
 
 
 @dataclass
@@ -100,7 +101,8 @@ def clipped_gradient_sum(
       views: whether ``inputs`` carries a view dimension K.
       mask: optional (B,) booleans; rows that are false (padding) contribute nothing.
       precision: None, or the autocast dtype of the model's forward (and so backward) pass;
-        the loss, the norms, the clip factors and the sum are float32 either way.
+        the loss, the norms, the clip factors and the sum are float32 either way (IEEE
+        float32: :func:`~dpvision.per_example.precision.exact_arithmetic`).
       groups: group-wise clipping (:mod:`dpvision.per_example.groups`): each example's
         gradient restricted to group g is clipped to C_g instead (``max_grad_norm`` unused).
 
@@ -172,7 +174,11 @@ def functional_clipped_sum(
     Privacy:
       Releases nothing. The sum has L2 sensitivity C under add/remove-one: cᵢ comes from
       :func:`dpvision.mechanisms.clip_factors`, the norm taken over all of ``params``; with
-      ``groups``, each group's factor from that group's norm, sensitivity √(Σ C_g²).
+      ``groups``, each group's factor from that group's norm, sensitivity √(Σ C_g²). The
+      norms and the sum are computed under
+      :func:`~dpvision.per_example.precision.exact_arithmetic`, the sum as products and a
+      sum over rows (no matrix product that TF32 could round), so cᵢ bounds what the sum
+      adds up to float32 rounding whatever the caller's TF32 and autocast settings.
     """
 
     def example_loss(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -186,25 +192,35 @@ def functional_clipped_sum(
     # Under autocast a gradient may come back in the low precision: upcast it (exactly) to
     # its parameter's dtype, so that its norm and the clipped sum are taken in float32.
     per_example = {k: g.to(params[k].dtype) for k, g in per_example.items()}
-    norms = torch.linalg.vector_norm(
-        torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in per_example.values()]),
-        dim=0,
-    )
-    kept = torch.isfinite(norms) & keep
-    if groups is None:
-        scales = {name: clipping.clip_factors(norms, max_grad_norm, keep) for name in per_example}
-    else:
-        sq: dict[str, torch.Tensor] = {}
+    # The norms and the sum in IEEE float32 whatever the user's TF32, matmul-precision and
+    # autocast settings (dpvision.per_example.precision).
+    with exact_arithmetic(batch.device):
+        norms = torch.linalg.vector_norm(
+            torch.stack(
+                [torch.linalg.vector_norm(g.flatten(1), dim=1) for g in per_example.values()]
+            ),
+            dim=0,
+        )
+        kept = torch.isfinite(norms) & keep
+        if groups is None:
+            scales = {
+                name: clipping.clip_factors(norms, max_grad_norm, keep) for name in per_example
+            }
+        else:
+            sq: dict[str, torch.Tensor] = {}
+            for name, g in per_example.items():
+                part = torch.linalg.vector_norm(g.flatten(1), dim=1).pow(2)
+                sq[group_of(name)] = sq[group_of(name)] + part if group_of(name) in sq else part
+            factors = groups.factors(sq, kept)
+            scales = {name: factors[group_of(name)] for name in per_example}
+        grads = {}
         for name, g in per_example.items():
-            part = torch.linalg.vector_norm(g.flatten(1), dim=1).pow(2)
-            sq[group_of(name)] = sq[group_of(name)] + part if group_of(name) in sq else part
-        factors = groups.factors(sq, kept)
-        scales = {name: factors[group_of(name)] for name in per_example}
-    grads = {}
-    for name, g in per_example.items():
-        # Rows with cᵢ = 0 may hold NaN or inf, which 0 · x would propagate: zero them first.
-        g = torch.where(kept.view(-1, *[1] * (g.dim() - 1)), g, 0.0)
-        grads[name] = torch.tensordot(scales[name].to(g.dtype), g, dims=1)
+            shape = (-1, *[1] * (g.dim() - 1))
+            # Rows with cᵢ = 0 may hold NaN or inf, which 0 · x would propagate: zero them first.
+            g = torch.where(kept.view(shape), g, 0.0)
+            # Products and a sum over the rows, not a matrix product: no kernel rounds gᵢ
+            # (TF32) otherwise than the gᵢ its norm was taken of.
+            grads[name] = g.mul_(scales[name].to(g.dtype).view(shape)).sum(0)
     return grads, norms, kept
 
 

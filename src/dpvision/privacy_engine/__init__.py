@@ -12,7 +12,7 @@
 ...     data_loader=DataLoader(data, batch_size=10), noise_multiplier=1.1, max_grad_norm=1.0)
 >>> for x, y in loader:
 ...     optimizer.zero_grad()
-...     nn.functional.cross_entropy(model(x), y).backward()
+...     nn.functional.cross_entropy(model(x), y).backward()  # a plain mean: verified
 ...     optimizer.step()
 >>> engine.ledger.total_count  # one Poisson-sampled Gaussian step per logical batch
 10
@@ -59,6 +59,22 @@ inside :meth:`PrivateModule.same_examples`), or a parameter used outside its lay
 ``forward``.
 A loop that leaves a logical batch after a non-final chunk has that chunk's clipped sum
 discarded, never released with the next batch.
+
+What it takes on trust, Opacus takes too; dpvision verifies it instead:
+
+* **the loss** (:mod:`dpvision.privacy_engine.loss`): the gradient at the model's output
+  must be that of a plain mean (or sum) of cross-entropy or NLL, recognised row by row and
+  recomputed from each row alone, or come from ``model.per_example_loss(criterion)``; class
+  weights, ``ignore_index``, label smoothing, a scaled loss or a term across the batch are
+  refused at ``loss.backward()``;
+* **mixing at every step**: each recorded pass is run again without gradients from its own
+  random state with one example changed, and refused if another example's output moves
+  (about a fifth of a step's time);
+* **the batches**: ``optimizer.step()`` must follow a chunk the private data loader
+  yielded, over its rows; a batch of the loop's own is refused unless
+  ``optimizer.declare_sampling(q)`` declares how it was drawn (the ledger records q);
+* **precision**: the norms and the clipped sum are computed in IEEE float32 whatever the
+  TF32 and autocast settings (:mod:`dpvision.per_example.precision`).
 """
 
 from dpvision.privacy_engine.batch_memory_manager import BatchMemoryManager

@@ -71,7 +71,8 @@ class DPDataLoader:
     Privacy:
       The batches are Poisson samples at rate q, as the accountant assumes; chunking and
       augmentation act on one example at a time and change neither the sampling nor the
-      sensitivity.
+      sensitivity. Each chunk is announced to the optimizer with its rows, and a step on
+      anything else is refused (:class:`DPOptimizer`).
     """
 
     def __init__(
@@ -102,8 +103,9 @@ class DPDataLoader:
             logical = optimizer.new_logical_batch()
             try:
                 for index, chunk in enumerate(chunks):
-                    optimizer.announce_chunk(logical, index == len(chunks) - 1)
-                    yield self._views(chunk)
+                    views = self._views(chunk)
+                    optimizer.announce_chunk(logical, index == len(chunks) - 1, views)
+                    yield views
             finally:  # a loop that leaves mid-batch must not leak its chunks into the next
                 optimizer.discard_pending(logical)
 

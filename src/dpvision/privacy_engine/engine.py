@@ -32,6 +32,7 @@ from dpvision.privacy_engine.data_loader import (
     PoissonBatches,
     loader_sample_rate,
 )
+from dpvision.privacy_engine.loss import OutputGate
 from dpvision.privacy_engine.module import PrivateModule
 from dpvision.privacy_engine.optimizer import DPOptimizer
 
@@ -149,9 +150,14 @@ class PrivacyEngine:
             noise ``unclipped_num_std`` (default: the expected batch size over 20); σ is
             split between the sum and the count, so each step stays one release of σ.
           grad_sample_mode: accepted for Opacus code; the clipping is the same for all.
-          criterion: the loss, returned unchanged with ``grad_sample_mode="ghost"``
-            (default ``nn.CrossEntropyLoss()``); its ``reduction`` must be
-            ``loss_reduction``.
+          criterion: the loss; with ``grad_sample_mode="ghost"`` it comes back wrapped as
+            a :class:`~dpvision.privacy_engine.loss.PerExampleLoss` (as Opacus'
+            ``DPLossFastGradientClipping``): evaluated one example at a time, so class
+            weights and ``ignore_index`` are exact (default ``nn.CrossEntropyLoss()``). Its
+            ``reduction`` must be ``loss_reduction`` or ``"none"``. In the other modes use
+            ``model.per_example_loss(criterion)`` for a loss that is not a plain mean (or
+            sum) of cross-entropy or NLL: every other loss is refused at
+            ``loss.backward()`` (:mod:`dpvision.privacy_engine.loss`).
           batch_first: must be True: the examples are the first dimension of every layer's
             input (Opacus' ``batch_first=False`` is refused).
 
@@ -192,7 +198,7 @@ class PrivacyEngine:
         if criterion is None:
             criterion = nn.CrossEntropyLoss(reduction=loss_reduction)
         reduction = getattr(criterion, "reduction", loss_reduction)
-        if reduction != loss_reduction:
+        if reduction not in (loss_reduction, "none"):
             raise DPVisionError(
                 f"the criterion reduces by {reduction!r} but loss_reduction is "
                 f"{loss_reduction!r}; they must agree"
@@ -258,6 +264,7 @@ class PrivacyEngine:
         views = max(augmult, 1)
         tape = ActivationTape(module, mode="hooks")
         tape.attach()
+        gate = OutputGate(loss_reduction)
         dp_optimizer = DPOptimizer(
             optimizer,
             module=module,
@@ -274,6 +281,7 @@ class PrivacyEngine:
             loss_reduction=loss_reduction,
             normalize_update=normalize_update,
             ema_decay=ema_decay,
+            gate=gate,
         )
         sampler = PoissonSampler(
             num_examples=num_examples,
@@ -301,9 +309,9 @@ class PrivacyEngine:
             generator=torch.Generator().manual_seed(augment_seed),
         )
         self.optimizer = dp_optimizer
-        private = PrivateModule(module, tape, views)
+        private = PrivateModule(module, tape, views, gate)
         if grad_sample_mode == "ghost":  # Opacus' ghost mode returns the criterion too
-            return private, dp_optimizer, criterion, private_loader
+            return private, dp_optimizer, private.per_example_loss(criterion), private_loader
         return private, dp_optimizer, private_loader
 
     def make_private_with_epsilon(

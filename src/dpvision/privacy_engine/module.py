@@ -9,9 +9,17 @@ import torch
 from torch import nn
 
 from dpvision.errors import DPVisionError
-from dpvision.per_example.batch_layout import batch_tensor, check_batch_layout, signature
+from dpvision.per_example.batch_layout import (
+    batch_tensor,
+    check_batch_layout,
+    mixed_rows,
+    perturbed,
+    signature,
+)
 from dpvision.per_example.bookkeeping import trainable_params
+from dpvision.per_example.layers.base import output_tensors
 from dpvision.per_example.tape import ActivationTape
+from dpvision.privacy_engine.loss import OutputGate, PerExampleLoss, row_sizes
 from dpvision.training.buffers import BufferWatch
 
 
@@ -28,6 +36,17 @@ class PrivateModule(nn.Module):
     and the coming backward pass checks that every parameter gets its whole gradient
     through its layer. In evaluation mode nothing is recorded and any batch size is fine.
 
+    Every recorded pass is then checked for mixing *as it ran*: the module runs once more
+    without gradients on the same batch with one example changed (the largest, by several
+    times its size), from the random state the pass started from (the same dropout masks,
+    the same coin of a model that mixes rows at random), and a row of another example that
+    changed refuses the pass before anything of it is released; a model that starts mixing
+    at step 1000, or at one step in two, is refused at that step. The cost is one forward
+    pass without gradients per step. The outputs come back through an
+    :class:`~dpvision.privacy_engine.loss.OutputGate`, which checks the gradient that
+    reaches them and makes it exact (:mod:`dpvision.privacy_engine.loss`); the size of each
+    input row is kept for the step to compare with the rows the data loader yielded.
+
     Privacy:
       A recorded pass must leave the module's buffers as they were: a buffer it writes
       (BatchNorm's running statistics in training mode, an activation observer) would keep
@@ -35,11 +54,14 @@ class PrivateModule(nn.Module):
       is refused (:class:`~dpvision.training.buffers.BufferWatch`).
     """
 
-    def __init__(self, module: nn.Module, tape: ActivationTape, views: int) -> None:
+    def __init__(
+        self, module: nn.Module, tape: ActivationTape, views: int, gate: OutputGate | None = None
+    ) -> None:
         super().__init__()
         self._module = module
         self._tape = tape
         self.views = views
+        self._gate = gate if gate is not None else OutputGate("mean")
         self._checked: set[Any] = set()
         self._same_examples = False
         self._buffer_watch = BufferWatch(module, what="the module")
@@ -75,9 +97,67 @@ class PrivateModule(nn.Module):
             self._checked.add(key)
             self._tape.capture_parameter_grads(trainable_params(self._module))
         self._buffer_watch.start()  # after the probe, which writes back what it moved
+        state = _random_state(batch.device)
         output = self._module(*args, **kwargs)
         self._buffer_watch.check()
-        return output
+        if rows >= 2 * self.views:
+            self._check_rows_apart(args, kwargs, output, state)
+        # The first pass's input is compared with the loader's rows; later passes over the
+        # same examples (``same_examples``) may feed them otherwise.
+        self._gate.inputs.setdefault(len(self._tape.pass_rows) - 1, row_sizes(batch))
+        return self._gate.gated(output, rows, len(self._tape.pass_rows) - 1)
+
+    def per_example_loss(self, criterion: Any, *, weight: float = 1.0) -> PerExampleLoss:
+        """``criterion`` (per-row losses, ``reduction="none"``) evaluated one example at a
+        time, with the loss reduction of ``make_private`` and a public ``weight``: the way
+        to train with class weights, ``ignore_index``, label smoothing, an auxiliary head or
+        a loss of your own (see :class:`~dpvision.privacy_engine.loss.PerExampleLoss`)."""
+        return PerExampleLoss(
+            criterion,
+            self._gate,
+            loss_reduction=self._gate.loss_reduction,
+            views=self.views,
+            weight=weight,
+        )
+
+    def _check_rows_apart(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any, state: Any
+    ) -> None:
+        """Refuses this pass if, run again from its random state with one example changed,
+        an output row of another example changes (see the class docstring)."""
+        batch = batch_tensor(args, kwargs)
+        assert batch is not None
+        # The example of largest size, changed by several times its size: a model that mixes
+        # only when an outlier is in the batch (a max-based guard) mixes on it.
+        example = int(row_sizes(batch).reshape(-1, self.views).sum(1).argmax())
+        changed = perturbed(batch, self.views, example, strength=8.0)
+        if changed is None:
+            return
+        swapped_args = tuple(changed if a is batch else a for a in args)
+        swapped_kwargs = {k: changed if v is batch else v for k, v in kwargs.items()}
+        buffers = [b.detach().clone() for b in self._module.buffers()]
+        after = _random_state(batch.device)
+        try:
+            _set_random_state(batch.device, state)
+            with torch.no_grad(), self._tape.paused():
+                again = self._module(*swapped_args, **swapped_kwargs)
+        finally:
+            _set_random_state(batch.device, after)
+            with torch.no_grad():  # put back what the extra pass wrote (not what it read:
+                for b, saved in zip(self._module.buffers(), buffers, strict=True):
+                    if not torch.equal(b, saved):  # the real pass may have saved it for backward)
+                        b.copy_(saved)
+        rows = batch.shape[0]
+        for before, moved in zip(output_tensors(output), output_tensors(again), strict=False):
+            comparable = before.dim() and before.shape[0] == rows and before.shape == moved.shape
+            if comparable and mixed_rows(before.detach(), moved, self.views, example):
+                self._tape.clear()
+                raise DPVisionError(
+                    "the model mixed examples in this pass: an output row of another "
+                    "example changed when one example changed (mixup across the batch, a "
+                    "batch statistic, a mode switched on during training); per-example "
+                    "clipping needs every example's output to depend on it alone"
+                )
 
     @contextmanager
     def same_examples(self) -> Iterator[None]:
@@ -98,3 +178,18 @@ class PrivateModule(nn.Module):
     def remove_hooks(self) -> None:
         """Detaches the recording hooks (the module then trains without privacy)."""
         self._tape.detach()
+
+
+def _random_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Torch's random state on the CPU and on ``device``'s CUDA generator."""
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.random.get_rng_state(), cuda
+
+
+def _set_random_state(
+    device: torch.device, state: tuple[torch.Tensor, torch.Tensor | None]
+) -> None:
+    cpu, cuda = state
+    torch.random.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state(cuda, device)

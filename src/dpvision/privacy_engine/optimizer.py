@@ -3,6 +3,7 @@ batch (:func:`dpvision.training.engine.noisy_step`)."""
 
 import copy
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -12,11 +13,19 @@ from dpvision.accounting import PrivacyLedger
 from dpvision.errors import DPVisionError
 from dpvision.mechanisms.adaptive_clipping import AdaptiveClipping
 from dpvision.mechanisms.noise import NoiseGenerator
-from dpvision.per_example.bookkeeping import clip_terms, trainable_params, unclipped_mismatch
+from dpvision.per_example.bookkeeping import (
+    clip_terms,
+    float32_calls,
+    trainable_params,
+    unclipped_mismatch,
+)
 from dpvision.per_example.groups import GroupNorms
 from dpvision.per_example.layers import layer_terms
+from dpvision.per_example.layers.base import output_tensors
+from dpvision.per_example.precision import exact_arithmetic
 from dpvision.per_example.reference import ClippedGradientSum
 from dpvision.per_example.tape import ActivationTape, UnsupportedError
+from dpvision.privacy_engine.loss import OutputGate, row_sizes
 from dpvision.training.engine import (
     GradientRelease,
     ParameterEMA,
@@ -50,6 +59,13 @@ class DPOptimizer(torch.optim.Optimizer):
       adaptive: adaptive clipping (``clipping="adaptive"``): C follows a quantile of the
         per-example norms; each step also releases the unclipped count, and σ is split
         between the sum and the count (:mod:`dpvision.mechanisms.adaptive_clipping`).
+      gate: the private module's :class:`~dpvision.privacy_engine.loss.OutputGate`: a pass
+        whose output gradient it did not accept is refused.
+
+    Every step must be on a chunk the private data loader announced, with as many rows as
+    it yielded: a step on a batch of the loop's own (another loader, one fixed batch) would
+    be accounted as a Poisson sample it is not, and is refused unless
+    :meth:`declare_sampling` said how such batches are drawn.
 
     Privacy:
       Each logical step releases Σᵢ clip(gᵢ, C) + N(0, (σC)² I) over the examples of one
@@ -78,6 +94,7 @@ class DPOptimizer(torch.optim.Optimizer):
         ema_decay: float | None = None,
         groups: GroupNorms | None = None,
         adaptive: AdaptiveClipping | None = None,
+        gate: OutputGate | None = None,
     ) -> None:
         # Not calling Optimizer.__init__: the state lives in the wrapped optimizer (as Opacus).
         self.original_optimizer = optimizer
@@ -100,13 +117,16 @@ class DPOptimizer(torch.optim.Optimizer):
             normalize_update=normalize_update,
         )
         self.views, self.loss_reduction = views, loss_reduction
+        self.gate = gate if gate is not None else OutputGate(loss_reduction)
+        self.num_examples = num_examples
+        self._declared: GradientRelease | None = None  # steps on the loop's own batches
         self.params = trainable_params(module)
         self.ema = None if ema_decay is None else ParameterEMA(module, ema_decay)
         self.summed = ClippedGradientSum.zeros(self.params, l2_sensitivity=self.max_grad_norm)
         self.steps = 0
         self._skip_next = False
-        # (logical batch, whether this chunk ends it), announced by the private data loader.
-        self._chunk: tuple[int, bool] | None = None
+        # The chunk the private data loader yielded last, until a step takes it.
+        self._chunk: Chunk | None = None
         self._pending: int | None = None  # the logical batch whose clipped sum is held
         self._batches = 0
 
@@ -156,9 +176,49 @@ class DPOptimizer(torch.optim.Optimizer):
         self._batches += 1
         return self._batches
 
-    def announce_chunk(self, batch: int, last: bool) -> None:
-        """The next :meth:`step` is a chunk of logical batch ``batch`` (``last``: its end)."""
-        self._chunk = (batch, last)
+    def announce_chunk(self, batch: int, last: bool, chunk: Any) -> None:
+        """The next :meth:`step` is on ``chunk`` (as yielded), a part of logical batch
+        ``batch`` (``last``: its end).
+
+        Raises:
+          DPVisionError: the chunk announced before was never stepped on (a loop that
+            skips batches, e.g. the empty ones or those of a high loss, would release a
+            number of steps that depends on the data, and the ledger would count fewer).
+        """
+        if self._chunk is not None:
+            self._chunk = None
+            raise DPVisionError(
+                "a batch of the private data loader was skipped: call optimizer.step() once "
+                "for every batch it yields, empty ones included (which batches are skipped "
+                "would depend on the data, and nothing accounts for it)"
+            )
+        self._chunk = Chunk.of(batch, last, chunk)
+
+    def declare_sampling(self, sample_rate: float) -> None:
+        """Lets the steps that follow use batches this loop draws itself, accounted at rate q.
+
+        Declare only what is true: each batch is a Poisson sample of the N examples at rate
+        ``sample_rate``, drawn from randomness the adversary cannot replay (not from a
+        published seed); or, with ``sample_rate=1``, each step sees any examples the loop
+        chooses *without looking at the data*, each at most once (all N, one fixed batch
+        for every step): such steps are accounted as Gaussian releases without
+        amplification by sampling (10 steps on one fixed batch at σ = 1: ε = 17.9 at
+        δ = 1e-5 by PLD, not the 2.85 of 10 Poisson steps at q = 0.1). The ledger records
+        every such step at this rate; steps on the private data loader's batches keep the
+        loader's rate. With adaptive clipping the declared steps use the loader's σ split.
+
+        Raises:
+          DPVisionError: ``sample_rate`` is not in (0, 1].
+        """
+        if isinstance(sample_rate, bool) or not 0 < float(sample_rate) <= 1:
+            raise DPVisionError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
+        rate = float(sample_rate)
+        self._declared = GradientRelease(
+            noise_multiplier=self.release.noise_multiplier,
+            sample_rate=rate,
+            expected_batch_size=rate * self.num_examples,
+            normalize_update=self.release.normalize_update,
+        )
 
     def discard_pending(self, batch: int | None = None) -> None:
         """Drops the clipped sum of an unfinished logical batch (``batch``: only that one).
@@ -189,21 +249,29 @@ class DPOptimizer(torch.optim.Optimizer):
         """Restores the wrapped optimizer's state."""
         self.original_optimizer.load_state_dict(state_dict)
 
-    def _accumulate(self) -> None:
+    def _accumulate(self, announced: "Chunk | None") -> None:
         """Adds the clipped sum of the physical batch the hooks recorded, then forgets it.
 
+        ``announced``: the chunk the private data loader yielded (None for a step on the
+        loop's own batch, declared with :meth:`declare_sampling`).
+
         Raises:
-          DPVisionError: the recorded pass cannot be clipped per example (see the message).
+          DPVisionError: the recorded pass cannot be clipped per example, its loss was not
+            verified, or it is not over the loader's chunk (see the message).
         """
-        tape = self.tape
+        tape, gate = self.tape, self.gate
         try:
             calls = list(tape.calls())
         except DPVisionError as error:
             tape.clear()
+            gate.clear()
             raise DPVisionError(f"PrivacyEngine does not support {error}") from None
         passes, pass_rows = tape.gradient_passes(), list(tape.pass_rows)
         captured = tape.parameter_grads
+        refusal, verified = gate.refusal, set(gate.verified)
+        labels, inputs = dict(gate.labels), dict(gate.inputs)
         tape.clear()
+        gate.clear()
         for param in self.params.values():
             param.grad = None  # the exact gradient of private data never outlives the step
         if len(passes) > 1:
@@ -213,9 +281,26 @@ class DPOptimizer(torch.optim.Optimizer):
                 "private data loader's chunks accumulate), or run passes over the same examples "
                 "inside `with model.same_examples():`"
             )
+        if refusal is not None:
+            raise DPVisionError(refusal)
         if not passes:
+            if announced is not None and announced.rows > 0 and not pass_rows:
+                raise DPVisionError(
+                    "no forward pass was recorded over this batch: the private module runs "
+                    "without recording in evaluation mode or under torch.no_grad(); call "
+                    "model.train() before training"
+                )
             return
+        if passes[0] not in verified:
+            raise DPVisionError(
+                "the gradient reached the model's layers without passing through its "
+                "output (a loss on an intermediate activation, or the loss computed inside "
+                "forward): PrivacyEngine verifies the loss at the output the private module "
+                "returns; compute the loss from that output"
+            )
         rows = pass_rows[passes[0]]
+        if announced is not None:
+            announced.check(rows, inputs.get(passes[0]), labels.get(passes[0], []))
         for path, module, pairs in calls:
             seen = [n for call in pairs for n in tape.rows(module, call) if n != rows]
             if seen:
@@ -228,6 +313,17 @@ class DPOptimizer(torch.optim.Optimizer):
         if rows == 0:
             return
         batch = rows // self.views
+        device = next(iter(self.params.values())).device if self.params else None
+        with exact_arithmetic(device):
+            self._clip(calls, captured, batch)
+
+    def _clip(self, calls: list[Any], captured: Any, batch: int) -> None:
+        """The clipped sum of one recorded pass, added to :attr:`summed`."""
+        tape = self.tape
+        # A forward pass under autocast recorded low-precision values: upcast them (exactly),
+        # so that the norms and the sum are float32 like the parameters.
+        low = any(_low_precision(pairs) for _, _, pairs in calls)
+        calls = [(path, module, [float32_calls(c) for c in pairs]) for path, module, pairs in calls]
         try:
             with tape.paused():  # a rule that recomputes its layer must not be recorded
                 terms = [
@@ -237,7 +333,8 @@ class DPOptimizer(torch.optim.Optimizer):
             raise DPVisionError(f"PrivacyEngine does not support {error}") from None
         if captured is not None:
             whole = {name: captured.get(name) for name in self.params}
-            reason = unclipped_mismatch(terms, whole, batch)
+            # The whole gradients were rounded to the low precision by autocast's kernels.
+            reason = unclipped_mismatch(terms, whole, batch, tolerance=20.0 if low else 1.0)
             if reason is not None:
                 raise DPVisionError(f"PrivacyEngine does not support {reason}")
         # Observed output gradients are (1/rows)·Σₖ∇ℓ (mean) or Σₖ∇ℓ (sum); the clipped unit
@@ -258,12 +355,12 @@ class DPOptimizer(torch.optim.Optimizer):
         if self.adaptive is not None:  # exact and private: only its noisy release is used
             self._unclipped = self._unclipped + self.adaptive.unclipped(clipped.norms)
 
-    def _release(self) -> None:
+    def _release(self, release: GradientRelease) -> None:
         """The one DP-SGD update (:func:`~dpvision.training.engine.noisy_step`) of the
         accumulated clipped sum: noise once, divide by qN (and C), step, record, update
         the EMA."""
         apply = {
-            "release": self.release,
+            "release": release,
             "optimizer": self.original_optimizer,
             "ledger": self.ledger,
             "generator": self.generator,
@@ -291,20 +388,107 @@ class DPOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        announced: Chunk | None
         if self._chunk is not None:
-            batch, last = self._chunk
-        else:  # a loop of its own: one logical batch, unless signal_skip_step said otherwise
-            batch, last = _MANUAL, not self._skip_next
+            announced = self._chunk
+            batch, last, release = announced.batch, announced.last, self.release
+        elif self._declared is not None:  # the loop's own batches, as declared
+            batch, last, announced = _MANUAL, not self._skip_next, None
+            release = self._declared
+        else:
+            self.tape.clear()
+            self.gate.clear()
+            raise DPVisionError(
+                "optimizer.step() on a batch that did not come from the private data loader: "
+                "the accountant assumes Poisson batches of that loader. Iterate the loader "
+                "make_private returned (one step per batch it yields), or declare how your "
+                "batches are drawn with optimizer.declare_sampling(sample_rate)"
+            )
         self._chunk, self._skip_next = None, False
         if self._pending is not None and self._pending != batch:
             self.discard_pending()
-        self._accumulate()
+        self._accumulate(announced)
         if not last:
             self._pending = batch
             return loss
         self._pending = None
-        self._release()
+        self._release(release)
         return loss
 
 
+def _low_precision(value: Any) -> bool:
+    """Whether ``value`` (a recorded call) holds a floating tensor below float32."""
+    if isinstance(value, torch.Tensor):
+        return value.is_floating_point() and value.element_size() < 4
+    if isinstance(value, tuple | list):
+        return any(_low_precision(v) for v in value)
+    if isinstance(value, dict):
+        return any(_low_precision(v) for v in value.values())
+    return False
+
+
 _MANUAL = 0  # the logical-batch id of steps not announced by the private data loader
+
+
+@dataclass
+class Chunk:
+    """What the private data loader yielded for one step, to check the step against.
+
+    Attributes:
+      batch: the logical batch's id; last: whether the chunk ends it.
+      rows: its rows (examples × K views).
+      inputs: Σ|x| of each row of its first tensor (the examples), in float64.
+      labels: its second tensor when that is one integer label per row, else None.
+    """
+
+    batch: int
+    last: bool
+    rows: int
+    inputs: torch.Tensor | None
+    labels: torch.Tensor | None
+
+    @classmethod
+    def of(cls, batch: int, last: bool, chunk: Any) -> "Chunk":
+        """The chunk ``chunk`` (a batch as the loader yields it) of logical batch ``batch``."""
+        tensors = output_tensors(chunk)
+        first = tensors[0] if tensors and tensors[0].dim() else None
+        rows = 0 if first is None else int(first.shape[0])
+        second = tensors[1] if len(tensors) > 1 else None
+        integer = second is not None and not (second.is_floating_point() or second.is_complex())
+        labels = second if integer and second.shape == (rows,) else None
+        sizes = None if first is None else row_sizes(first)
+        return cls(batch, last, rows, sizes, labels)
+
+    def check(self, rows: int, inputs: torch.Tensor | None, labels: list[torch.Tensor]) -> None:
+        """Refuses a pass that is not over this chunk: other rows, other inputs (beyond a
+        cast to another dtype), or a loss whose labels are not the chunk's.
+
+        Raises:
+          DPVisionError: naming what differs.
+        """
+        if rows != self.rows:
+            raise DPVisionError(
+                f"the forward pass was over {rows} rows but the private data loader's batch "
+                f"has {self.rows}: step on the loader's batches as they come (a batch of "
+                "the loop's own is not the Poisson sample the accountant is told about)"
+            )
+        if inputs is not None and self.inputs is not None:
+            ours, theirs = inputs.cpu(), self.inputs.cpu()
+            scale = float(theirs.abs().max()) if theirs.numel() else 0.0
+            near = (ours - theirs).abs() <= 1e-2 * theirs.abs() + 1e-6 * scale
+            if ours.shape != theirs.shape or not bool(near.all()):
+                raise DPVisionError(
+                    "the model's input is not the batch the private data loader yielded (a "
+                    "row changed by more than a cast would change it: normalised with the "
+                    "batch's statistics?): each example's input must depend on it alone, so "
+                    "do per-example preprocessing in the dataset's transform or in the model"
+                )
+        if self.labels is not None:
+            for seen in labels:
+                theirs = self.labels.to(seen.device)
+                if not bool(((seen == theirs) | (seen < 0)).all()):
+                    raise DPVisionError(
+                        "the loss's labels are not the labels of the private data loader's "
+                        "batch (labels from a teacher, or changed in the loop): they must be "
+                        "each example's own; use the loader's targets"
+                    )

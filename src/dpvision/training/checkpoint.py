@@ -133,10 +133,14 @@ def resume(
     payload = (workers or Workers()).from_main(lambda: read_checkpoint(path))
     if payload["fingerprint"] != fingerprint(settings):
         differ = differing_keys(settings, payload["config"])
+        fix = "resume with the same config"
+        if "device" in differ:  # name the device it was written on: the usual slip
+            fix = f"resume it with --device {payload['config'].get('device')}"
+            fix += " and the same config" if len(differ) > 1 else ""
         raise DPVisionError(
             f"checkpoint {path} was written by a different configuration (differs in: "
-            f"{', '.join(differ) or 'unknown'}); resume with the same config, or give another "
-            "--checkpoint path (the existing file is left untouched)"
+            f"{', '.join(differ) or 'unknown'}); {fix}, or give another --checkpoint path "
+            "(the existing file is left untouched)"
         )
     written_on = payload.get("noise_device", "cpu")
     if written_on != state.noise.device.type:

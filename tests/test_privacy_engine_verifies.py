@@ -275,15 +275,32 @@ def test_a_consistency_term_between_two_passes_trains_exactly():
             optimizer.zero_grad()
             first = model(x)
             with model.same_examples():
-                second = model(x + 0.1)
+                second = model(x)  # R-Drop: the same rows under other dropout masks
             term((first, second), y).backward()
             optimizer.step()
 
+    def mixed_views(model, optimizer, loader):
+        for x, y in loader:
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            with model.same_examples():  # a second "view" that mixes examples, in the loop
+                loss = loss + F.cross_entropy(model(0.5 * x + 0.5 * x.flip(0)), y)
+            loss.backward()
+            optimizer.step()
+
+    dropout = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.3), nn.Tanh(), nn.Linear(8, 3))
+    report = check_sensitivity(
+        privacy_engine_release(dropout.double(), consistency), _data(), neighbours=1
+    )
+    assert report.refusal is None, report.refusal  # masks differ between D and D′
     report = check_sensitivity(
         privacy_engine_release(_model(), consistency), _data(), tolerance=TIGHT
     )
     assert report.refusal is None, report.refusal
     assert report.max_ratio <= 1 + TIGHT
+    report = check_sensitivity(privacy_engine_release(_model(), mixed_views), _data())
+    assert report.refusal is not None
+    assert "not the batch" in report.refusal
 
 
 # --- batch mixing, at any step -------------------------------------------------------------
@@ -539,3 +556,103 @@ def test_declared_sampling_is_checked_and_recorded():
     optimizer.step()
     (entry,) = engine.ledger.entries
     assert entry.sample_rate == 0.25
+
+
+class MedianScaled(nn.Module):
+    """Divides by the batch's median row norm (a change of its largest example alone would
+    not move the median)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body, self.head = nn.Linear(4, 8), nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.body(x / x.norm(dim=1).median())))
+
+
+def test_a_model_scaled_by_the_batchs_median_is_refused():
+    report = check_sensitivity(_mixing_run(MedianScaled(), 1), _data(), neighbours=2)
+    assert report.refusal is not None
+    assert "mixed" in report.refusal
+
+
+def test_a_loop_that_skips_its_last_batch_or_stops_on_its_loss_is_refused():
+    _, private, optimizer, loader, _ = _engine_with()
+
+    def skips_the_last() -> None:
+        for index, (xb, yb) in enumerate(loader):
+            if index == len(loader) - 1:
+                continue
+            optimizer.zero_grad()
+            F.cross_entropy(private(xb), yb).backward()
+            optimizer.step()
+
+    with pytest.raises(DPVisionError, match="skipped"):
+        skips_the_last()
+    engine, private, optimizer, loader, _ = _engine_with()
+    for xb, yb in loader:
+        optimizer.zero_grad()
+        loss = F.cross_entropy(private(xb), yb)
+        if optimizer.steps == 2:
+            break  # early stopping on the training loss, before the step
+        loss.backward()
+        optimizer.step()
+    with pytest.raises(DPVisionError, match="skipped"):
+        engine.get_epsilon(1e-5)
+
+
+def _engine_on(dataset, batch_size: int = 12):
+    model = _model()
+    engine = PrivacyEngine()
+    private, optimizer, loader = engine.make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(dataset, batch_size=batch_size),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+    )
+    return private, optimizer, loader
+
+
+def test_one_hot_labels_are_compared_and_extra_fields_are_not_labels():
+    x, y = _data(100)
+    private, optimizer, loader = _engine_on(TensorDataset(x, F.one_hot(y, 3).double()))
+    batches = iter(loader)
+    xb, yb = next(batches)
+    F.cross_entropy(private(xb), yb).backward()  # soft-label form of the same labels
+    optimizer.step()
+    xb, yb = next(batches)
+    F.cross_entropy(private(xb), (yb.argmax(1) + 1) % 3).backward()  # a teacher's labels
+    with pytest.raises(DPVisionError, match="labels"):
+        optimizer.step()
+    index = torch.arange(100)
+    private, optimizer, loader = _engine_on(TensorDataset(x, index, y))
+    for xb, _, yb in loader:  # (inputs, index, labels): the index is not the labels
+        optimizer.zero_grad()
+        F.cross_entropy(private(xb), yb).backward()
+        optimizer.step()
+
+
+def test_the_models_input_may_be_any_field_of_the_batch():
+    x, y = _data(100)
+
+    class Conditioned(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = _model()
+
+        def forward(self, condition: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+            return self.net(inputs) + 0.0 * condition[:, None]
+
+    model = Conditioned()
+    private, optimizer, loader = PrivacyEngine().make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(TensorDataset(y.double(), x, y), batch_size=12),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+    )
+    for condition, xb, yb in loader:
+        optimizer.zero_grad()
+        F.cross_entropy(private(condition, xb), yb).backward()
+        optimizer.step()

@@ -106,11 +106,14 @@ def _run(
     return seen, [t.detach() for t in output_tensors(output)]
 
 
-def mixed_rows(before: torch.Tensor, after: torch.Tensor, views: int, example: int = 0) -> bool:
-    """Whether rows other than ``example``'s changed (beyond rounding; a row that became NaN
-    or infinite changed)."""
+def mixed_rows(
+    before: torch.Tensor, after: torch.Tensor, views: int, examples: int | list[int] = 0
+) -> bool:
+    """Whether rows other than those of ``examples`` changed (beyond rounding; a row that
+    became NaN or infinite changed)."""
     keep = torch.ones(before.shape[0], dtype=torch.bool, device=before.device)
-    keep[example * views : (example + 1) * views] = False
+    for example in [examples] if isinstance(examples, int) else examples:
+        keep[example * views : (example + 1) * views] = False
     b = before[keep].to(torch.float64)
     a = after[keep].to(torch.float64).to(b.device)
     if b.numel() == 0:

@@ -71,8 +71,10 @@ What it takes on trust, Opacus takes too; dpvision verifies it instead:
   random state with one example changed, and refused if another example's output moves
   (about a fifth of a step's time);
 * **the batches**: ``optimizer.step()`` must follow a chunk the private data loader
-  yielded, over its rows; a batch of the loop's own is refused unless
-  ``optimizer.declare_sampling(q)`` declares how it was drawn (the ledger records q);
+  yielded, over its rows, its inputs (each row's size within a cast of the loader's) and
+  its labels; a skipped batch, a step with nothing recorded (evaluation mode) and a batch
+  of the loop's own are refused, the last unless ``optimizer.declare_sampling(q)``
+  declares how it was drawn (the ledger records q);
 * **precision**: the norms and the clipped sum are computed in IEEE float32 whatever the
   TF32 and autocast settings (:mod:`dpvision.per_example.precision`).
 """

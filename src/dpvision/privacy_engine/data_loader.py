@@ -108,6 +108,7 @@ class DPDataLoader:
                     yield views
             finally:  # a loop that leaves mid-batch must not leak its chunks into the next
                 optimizer.discard_pending(logical)
+        optimizer.check_stepped()  # the last batch too was stepped on
 
     def _chunks(self, batch: Any) -> list[Any]:
         limit = self.max_physical_batch_size

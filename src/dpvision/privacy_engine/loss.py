@@ -119,7 +119,7 @@ class OutputGate:
         self._promised: dict[int, torch.Tensor] = {}  # id of an output → PerExampleLoss's grad
         self.verified: set[int] = set()  # passes whose output gradients were accepted
         self.labels: dict[int, list[torch.Tensor]] = {}  # pass → labels read off gradients
-        self.inputs: dict[int, torch.Tensor] = {}  # pass → Σ|x| of each row of its input
+        self.inputs: dict[int, list[torch.Tensor]] = {}  # pass → Σ|x| of its inputs' rows
         self.refusal: str | None = None
 
     def scale(self, rows: int) -> float:

@@ -102,9 +102,8 @@ class PrivateModule(nn.Module):
         self._buffer_watch.check()
         if rows >= 2 * self.views:
             self._check_rows_apart(args, kwargs, output, state)
-        # The first pass's input is compared with the loader's rows; later passes over the
-        # same examples (``same_examples``) may feed them otherwise.
-        self._gate.inputs.setdefault(len(self._tape.pass_rows) - 1, row_sizes(batch))
+        # Compared with the loader's rows at the step (every pass over the same examples).
+        self._gate.inputs.setdefault(len(self._tape.pass_rows) - 1, []).append(row_sizes(batch))
         return self._gate.gated(output, rows, len(self._tape.pass_rows) - 1)
 
     def per_example_loss(self, criterion: Any, *, weight: float = 1.0) -> PerExampleLoss:
@@ -127,12 +126,21 @@ class PrivateModule(nn.Module):
         an output row of another example changes (see the class docstring)."""
         batch = batch_tensor(args, kwargs)
         assert batch is not None
-        # The example of largest size, changed by several times its size: a model that mixes
-        # only when an outlier is in the batch (a max-based guard) mixes on it.
-        example = int(row_sizes(batch).reshape(-1, self.views).sum(1).argmax())
-        changed = perturbed(batch, self.views, example, strength=8.0)
+        # The example of largest size changed by several times its size, and (from three
+        # examples on) the smallest made larger than any: a guard that divides by the
+        # batch's maximum once an outlier is in, or a median, then moves for the others.
+        sizes = row_sizes(batch).reshape(-1, self.views).sum(1)
+        changed_examples = [int(sizes.argmax())]
+        changed = perturbed(batch, self.views, changed_examples[0], strength=8.0)
         if changed is None:
             return
+        if len(sizes) >= 3:
+            smallest = int(sizes.argmin())
+            if smallest != changed_examples[0]:
+                largest = float(batch.abs().max()) if batch.is_floating_point() else 0.0
+                both = perturbed(changed, self.views, smallest, strength=8.0 * (1.0 + largest))
+                if both is not None:
+                    changed, changed_examples = both, [*changed_examples, smallest]
         swapped_args = tuple(changed if a is batch else a for a in args)
         swapped_kwargs = {k: changed if v is batch else v for k, v in kwargs.items()}
         buffers = [b.detach().clone() for b in self._module.buffers()]
@@ -150,7 +158,7 @@ class PrivateModule(nn.Module):
         rows = batch.shape[0]
         for before, moved in zip(output_tensors(output), output_tensors(again), strict=False):
             comparable = before.dim() and before.shape[0] == rows and before.shape == moved.shape
-            if comparable and mixed_rows(before.detach(), moved, self.views, example):
+            if comparable and mixed_rows(before.detach(), moved, self.views, changed_examples):
                 self._tape.clear()
                 raise DPVisionError(
                     "the model mixed examples in this pass: an output row of another "
@@ -165,9 +173,12 @@ class PrivateModule(nn.Module):
 
         By default every forward pass is a new set of examples, and two passes before one
         ``optimizer.step()`` are refused (their rows j would be clipped as one example).
-        For a second loss on the *same* batch (two views, a consistency term), run the
-        extra passes inside this block: each example's gradient is then the sum over the
-        passes, clipped once.
+        For a second loss on the *same* batch (the rows again under other dropout masks, as
+        in R-Drop), run the extra passes inside this block: each example's gradient is then
+        the sum over the passes, clipped once. Every pass must be over the rows the data
+        loader yielded (checked at the step, up to a cast): views made in the loop are
+        refused, since nothing shows they are per-example; make them with ``augmult`` and
+        relate an example's K views in ``model.per_example_loss``.
         """
         self._same_examples = True
         try:

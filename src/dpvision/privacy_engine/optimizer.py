@@ -185,14 +185,19 @@ class DPOptimizer(torch.optim.Optimizer):
             skips batches, e.g. the empty ones or those of a high loss, would release a
             number of steps that depends on the data, and the ledger would count fewer).
         """
+        self.check_stepped()
+        self._chunk = Chunk.of(batch, last, chunk)
+
+    def check_stepped(self) -> None:
+        """Raises if the chunk the private data loader yielded last was not stepped on.
+
+        Raises:
+          DPVisionError: a batch was left without a step (a loop that stops or skips on
+            the loss: which batches are released would depend on the data).
+        """
         if self._chunk is not None:
             self._chunk = None
-            raise DPVisionError(
-                "a batch of the private data loader was skipped: call optimizer.step() once "
-                "for every batch it yields, empty ones included (which batches are skipped "
-                "would depend on the data, and nothing accounts for it)"
-            )
-        self._chunk = Chunk.of(batch, last, chunk)
+            raise DPVisionError(SKIPPED)
 
     def declare_sampling(self, sample_rate: float) -> None:
         """Lets the steps that follow use batches this loop draws itself, accounted at rate q.
@@ -300,7 +305,7 @@ class DPOptimizer(torch.optim.Optimizer):
             )
         rows = pass_rows[passes[0]]
         if announced is not None:
-            announced.check(rows, inputs.get(passes[0]), labels.get(passes[0], []))
+            announced.check(rows, inputs.get(passes[0], []), labels.get(passes[0], []))
         for path, module, pairs in calls:
             seen = [n for call in pairs for n in tape.rows(module, call) if n != rows]
             if seen:
@@ -427,6 +432,11 @@ def _low_precision(value: Any) -> bool:
     return False
 
 
+SKIPPED = (
+    "a batch of the private data loader was skipped: call optimizer.step() once for every "
+    "batch it yields, empty ones included, and stop only after a step (which batches are "
+    "released, or when training stops, would depend on the data, and nothing accounts for it)"
+)
 _MANUAL = 0  # the logical-batch id of steps not announced by the private data loader
 
 
@@ -437,31 +447,29 @@ class Chunk:
     Attributes:
       batch: the logical batch's id; last: whether the chunk ends it.
       rows: its rows (examples × K views).
-      inputs: Σ|x| of each row of its first tensor (the examples), in float64.
-      labels: its second tensor when that is one integer label per row, else None.
+      fields: Σ|x| of each row of each of its tensors with one row per example, in float64
+        (the model's input must be one of them, up to a cast).
+      labels: each field that is one label per row: integers, or one-hot rows (as indices).
     """
 
     batch: int
     last: bool
     rows: int
-    inputs: torch.Tensor | None
-    labels: torch.Tensor | None
+    fields: list[torch.Tensor]
+    labels: list[torch.Tensor]
 
     @classmethod
     def of(cls, batch: int, last: bool, chunk: Any) -> "Chunk":
         """The chunk ``chunk`` (a batch as the loader yields it) of logical batch ``batch``."""
-        tensors = output_tensors(chunk)
-        first = tensors[0] if tensors and tensors[0].dim() else None
-        rows = 0 if first is None else int(first.shape[0])
-        second = tensors[1] if len(tensors) > 1 else None
-        integer = second is not None and not (second.is_floating_point() or second.is_complex())
-        labels = second if integer and second.shape == (rows,) else None
-        sizes = None if first is None else row_sizes(first)
-        return cls(batch, last, rows, sizes, labels)
+        tensors = [t for t in output_tensors(chunk) if t.dim()]
+        rows = int(tensors[0].shape[0]) if tensors else 0
+        tensors = [t for t in tensors if t.shape[0] == rows]
+        return cls(batch, last, rows, [row_sizes(t) for t in tensors], _label_fields(tensors))
 
-    def check(self, rows: int, inputs: torch.Tensor | None, labels: list[torch.Tensor]) -> None:
-        """Refuses a pass that is not over this chunk: other rows, other inputs (beyond a
-        cast to another dtype), or a loss whose labels are not the chunk's.
+    def check(self, rows: int, inputs: list[torch.Tensor], labels: list[torch.Tensor]) -> None:
+        """Refuses a pass that is not over this chunk: other rows, inputs that are none of
+        its fields (beyond a cast to another dtype), or a loss whose labels are none of its
+        label fields.
 
         Raises:
           DPVisionError: naming what differs.
@@ -472,23 +480,47 @@ class Chunk:
                 f"has {self.rows}: step on the loader's batches as they come (a batch of "
                 "the loop's own is not the Poisson sample the accountant is told about)"
             )
-        if inputs is not None and self.inputs is not None:
-            ours, theirs = inputs.cpu(), self.inputs.cpu()
-            scale = float(theirs.abs().max()) if theirs.numel() else 0.0
-            near = (ours - theirs).abs() <= 1e-2 * theirs.abs() + 1e-6 * scale
-            if ours.shape != theirs.shape or not bool(near.all()):
+        for given in inputs:
+            if self.fields and not any(_near(given, field) for field in self.fields):
                 raise DPVisionError(
-                    "the model's input is not the batch the private data loader yielded (a "
-                    "row changed by more than a cast would change it: normalised with the "
-                    "batch's statistics?): each example's input must depend on it alone, so "
-                    "do per-example preprocessing in the dataset's transform or in the model"
+                    "the model's input is not the batch the private data loader yielded: its "
+                    "rows changed by more than a cast would change them, in the loop "
+                    "(preprocessing, normalising with the batch's statistics, mixing views); "
+                    "each example's input must depend on it alone, so preprocess in the "
+                    "dataset's transform or in the model, and make views with augmult"
                 )
-        if self.labels is not None:
-            for seen in labels:
-                theirs = self.labels.to(seen.device)
-                if not bool(((seen == theirs) | (seen < 0)).all()):
-                    raise DPVisionError(
-                        "the loss's labels are not the labels of the private data loader's "
-                        "batch (labels from a teacher, or changed in the loop): they must be "
-                        "each example's own; use the loader's targets"
-                    )
+        for seen in labels:
+            if self.labels and not any(_same_labels(seen, field) for field in self.labels):
+                raise DPVisionError(
+                    "the loss's labels are not the labels of the private data loader's batch "
+                    "(labels from a teacher, or changed in the loop): they must be each "
+                    "example's own; use the loader's targets"
+                )
+
+
+def _near(given: torch.Tensor, field: torch.Tensor) -> bool:
+    """Whether two rows' sizes agree up to what a cast to another dtype changes (1 %)."""
+    ours, theirs = given.cpu(), field.cpu()
+    if ours.shape != theirs.shape:
+        return False
+    scale = float(theirs.abs().max()) if theirs.numel() else 0.0
+    return bool(((ours - theirs).abs() <= 1e-2 * theirs.abs() + 1e-6 * scale).all())
+
+
+def _same_labels(seen: torch.Tensor, field: torch.Tensor) -> bool:
+    """Whether the labels read off a gradient (-1: not read) are ``field``'s."""
+    theirs = field.to(seen.device)
+    return seen.shape == theirs.shape and bool(((seen == theirs) | (seen < 0)).all())
+
+
+def _label_fields(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors (after the first) that hold one label per row, as class indices."""
+    found = []
+    for tensor in tensors[1:]:
+        if not (tensor.is_floating_point() or tensor.is_complex()) and tensor.dim() == 1:
+            found.append(tensor)
+        elif tensor.is_floating_point() and tensor.dim() == 2 and tensor.shape[1] > 1:
+            binary = bool(((tensor == 0) | (tensor == 1)).all())
+            if binary and bool((tensor.sum(1) == 1).all()):
+                found.append(tensor.argmax(1))
+    return found

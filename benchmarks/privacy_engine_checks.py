@@ -1,12 +1,13 @@
-"""What PrivacyEngine's per-step checks cost: the mixing check and the loss gate.
+"""What PrivacyEngine's per-step checks cost: the mixing check, the loss gate and the
+check of each step against the loader's chunk.
 
 Every recorded forward pass of :class:`~dpvision.privacy_engine.PrivateModule` is run once
-more without gradients (example 0 changed, the pass's own random state) to refuse a model
+more without gradients (two examples changed, the pass's own random state) to refuse a model
 that mixes examples at that step, and the gradient at the output goes through an
 :class:`~dpvision.privacy_engine.loss.OutputGate`. This measures one logical step
 (forward, backward, book-keeping clipping, noise, update) of ``make_private`` with both,
 and with each patched away, in the same run on the same machine: the median of
-``--repeats`` steps after two warm-up steps.
+``--repeats`` steps after two warm-up steps, the three settings taking turns step by step.
 
 Run:  python benchmarks/privacy_engine_checks.py [--device cuda] [--out DIR]
       (about a minute on 2 CPU cores)
@@ -33,6 +34,7 @@ from dpvision.fileio import write_json_atomic
 from dpvision.models.registry import build_model
 from dpvision.privacy_engine.loss import OutputGate
 from dpvision.privacy_engine.module import PrivateModule
+from dpvision.privacy_engine.optimizer import Chunk
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # (model, input shape, batch size on the CPU, on a GPU)
@@ -64,7 +66,8 @@ def _build(name: str, shape: tuple[int, ...]) -> nn.Module:
 
 @contextlib.contextmanager
 def checks(which: str) -> Iterator[None]:
-    """``all`` as shipped; ``no mixing check``; ``neither`` (gate passes gradients on)."""
+    """``all`` as shipped; ``no mixing check``; ``neither`` (no mixing check, the gradient
+    at the output passed on unchecked, no check of the step against the loader's chunk)."""
     with contextlib.ExitStack() as stack:
         if which in ("no mixing check", "neither"):
             stack.enter_context(
@@ -72,47 +75,52 @@ def checks(which: str) -> Iterator[None]:
             )
         if which == "neither":
 
-            def watch(self: OutputGate, output: Any, rows: int, pass_index: int) -> None:
+            def gated(self: OutputGate, output: Any, rows: int, pass_index: int) -> Any:
                 self.verified.add(pass_index)
+                return output
 
-            stack.enter_context(mock.patch.object(OutputGate, "watch", watch))
+            stack.enter_context(mock.patch.object(OutputGate, "gated", gated))
+            stack.enter_context(mock.patch.object(Chunk, "check", return_value=None))
         yield
 
 
 def _step_seconds(
     name: str, shape: tuple[int, ...], batch: int, device: str, repeats: int
 ) -> dict[str, float]:
+    """Median seconds of one step in each of the three settings, interleaved step by step
+    so that the machine's drift falls on all three alike."""
     torch.manual_seed(0)
-    n = batch * 4
-    x, y = torch.randn(n, *shape), torch.randint(0, 10, (n,))
-    times: dict[str, float] = {}
-    for which in ("neither", "no mixing check", "all"):
+    x, y = torch.randn(batch, *shape), torch.randint(0, 10, (batch,))
+    settings = ("neither", "no mixing check", "all")
+    runs = {}
+    for which in settings:
         model = _build(name, shape).to(device)
-        engine = PrivacyEngine()
         with checks(which):
-            private, optimizer, _ = engine.make_private(
+            private, optimizer, loader = PrivacyEngine().make_private(
                 module=model,
                 optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
                 data_loader=DataLoader(TensorDataset(x, y), batch_size=batch),
                 noise_multiplier=1.0,
                 max_grad_norm=1.0,
-            )
-            optimizer.declare_sampling(batch / n)  # the same rows every step: timing only
-            xb, yb = x[:batch].to(device), y[:batch].to(device)
-            seconds = []
-            for index in range(repeats + 2):
-                if device.startswith("cuda"):
-                    torch.cuda.synchronize()
-                start = time.perf_counter()
-                optimizer.zero_grad()
-                F.cross_entropy(private(xb), yb).backward()
-                optimizer.step()
-                if device.startswith("cuda"):
-                    torch.cuda.synchronize()
-                if index >= 2:
-                    seconds.append(time.perf_counter() - start)
-        times[which] = statistics.median(seconds)
-    return times
+            )  # q = 1: every logical batch is the same `batch` examples
+        runs[which] = (private, optimizer, loader)
+    seconds: dict[str, list[float]] = {which: [] for which in settings}
+    for index in range(repeats + 2):
+        for which in settings:
+            private, optimizer, loader = runs[which]
+            with checks(which):
+                for xb, yb in loader:
+                    if device.startswith("cuda"):
+                        torch.cuda.synchronize()
+                    start = time.perf_counter()
+                    optimizer.zero_grad()
+                    F.cross_entropy(private(xb.to(device)), yb.to(device)).backward()
+                    optimizer.step()
+                    if device.startswith("cuda"):
+                        torch.cuda.synchronize()
+                    if index >= 2:
+                        seconds[which].append(time.perf_counter() - start)
+    return {which: statistics.median(seconds[which]) for which in settings}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -154,8 +162,8 @@ def main(argv: list[str] | None = None) -> None:
         f"(torch {torch.__version__}, {torch.get_num_threads()} threads); one logical step of "
         f"`make_private` (forward, backward, clipping, noise, update), median of {args.repeats}.",
         "",
-        "| model | input | batch | step, neither (s) | + loss gate | + mixing check (as "
-        "shipped) | gate cost | mixing-check cost |",
+        "| model | input | batch | step, no checks (s) | + loss gate and chunk check | + mixing "
+        "check (as shipped) | gate + chunk cost | mixing-check cost |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
@@ -168,8 +176,10 @@ def main(argv: list[str] | None = None) -> None:
     lines += [
         "",
         "The mixing check is one forward pass without gradients per step (the model run again",
-        "from the pass's random state with example 0 changed); the loss gate compares the",
-        "gradient at the output with softmax − one-hot, row by row.",
+        "from the pass's random state with two examples changed); the loss gate compares the",
+        "gradient at the output with softmax − one-hot, row by row; the chunk check compares",
+        "each input row's size and the labels with the loader's. Timed from the batch in",
+        "hand to the end of the step (the loader's sampling not included).",
     ]
     (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -106,6 +106,9 @@ class DPDataLoader:
                     views = self._views(chunk)
                     optimizer.announce_chunk(logical, index == len(chunks) - 1, views)
                     yield views
+            except GeneratorExit:  # the loop left (break, return): its choice
+                optimizer.leave(logical)
+                raise
             finally:  # a loop that leaves mid-batch must not leak its chunks into the next
                 optimizer.discard_pending(logical)
         optimizer.check_stepped()  # the last batch too was stepped on

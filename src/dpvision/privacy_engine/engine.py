@@ -71,8 +71,7 @@ class PrivacyEngine:
         if kind is Accountant.GAUSSIAN:
             raise DPVisionError("the gaussian accountant cannot account for Poisson sampling")
         self.ledger = PrivacyLedger()
-        self._optimizers: list[DPOptimizer] = []
-        self.accountant = LedgerAccountant(kind, self.ledger, self._optimizers)
+        self.accountant = LedgerAccountant(kind, self.ledger)
         self.optimizer: DPOptimizer | None = None
         self._made = 0  # make_private calls: each gets its own secret streams
 
@@ -310,7 +309,6 @@ class PrivacyEngine:
             generator=torch.Generator().manual_seed(augment_seed),
         )
         self.optimizer = dp_optimizer
-        self._optimizers.append(dp_optimizer)
         private = PrivateModule(module, tape, views, gate)
         if grad_sample_mode == "ghost":  # Opacus' ghost mode returns the criterion too
             return private, dp_optimizer, private.per_example_loss(criterion), private_loader
@@ -374,22 +372,12 @@ class LedgerAccountant:
     ran is the only input, so ``get_epsilon`` can never disagree with ``engine.ledger``.
     """
 
-    def __init__(
-        self, kind: Accountant, ledger: PrivacyLedger, optimizers: list[DPOptimizer] | None = None
-    ) -> None:
+    def __init__(self, kind: Accountant, ledger: PrivacyLedger) -> None:
         self.kind, self.ledger = kind, ledger
-        self._optimizers = [] if optimizers is None else optimizers
 
     def get_epsilon(self, delta: float, **_: object) -> float:
         """ε at ``delta`` (Opacus' extra keywords, e.g. ``eps_error``, are accepted and
-        ignored: the accountant's own tolerance applies).
-
-        Raises:
-          DPVisionError: a batch the private data loader yielded was never stepped on (a
-            loop that stopped on its loss: the stop is not accounted).
-        """
-        for optimizer in self._optimizers:
-            optimizer.check_stepped()
+        ignored: the accountant's own tolerance applies)."""
         return self.ledger.epsilon(delta, accountant=self.kind)
 
     def mechanism(self) -> str:

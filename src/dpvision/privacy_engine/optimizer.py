@@ -189,15 +189,25 @@ class DPOptimizer(torch.optim.Optimizer):
         self._chunk = Chunk.of(batch, last, chunk)
 
     def check_stepped(self) -> None:
-        """Raises if the chunk the private data loader yielded last was not stepped on.
+        """Raises if the loop went on past the chunk yielded last without stepping on it.
+
+        A loop that *leaves* the loader (``break``, ``return``) before stepping is not
+        refused: its chunk may still be stepped on (``next(iter(loader))``), and a new
+        iteration replaces it. When to stop is the loop's choice; a stop decided on the
+        private training loss is not accounted (docs: what PrivacyEngine assumes).
 
         Raises:
-          DPVisionError: a batch was left without a step (a loop that stops or skips on
-            the loss: which batches are released would depend on the data).
+          DPVisionError: a batch was skipped (``continue`` past it: which batches are
+            released would depend on the data, e.g. the empty ones or those of high loss).
         """
-        if self._chunk is not None:
+        if self._chunk is not None and not self._chunk.left:
             self._chunk = None
             raise DPVisionError(SKIPPED)
+
+    def leave(self, batch: int) -> None:
+        """The loop left the loader during logical batch ``batch`` (the loader was closed)."""
+        if self._chunk is not None and self._chunk.batch == batch:
+            self._chunk.left = True
 
     def declare_sampling(self, sample_rate: float) -> None:
         """Lets the steps that follow use batches this loop draws itself, accounted at rate q.
@@ -434,8 +444,8 @@ def _low_precision(value: Any) -> bool:
 
 SKIPPED = (
     "a batch of the private data loader was skipped: call optimizer.step() once for every "
-    "batch it yields, empty ones included, and stop only after a step (which batches are "
-    "released, or when training stops, would depend on the data, and nothing accounts for it)"
+    "batch it yields, empty ones included (which batches are released would depend on the "
+    "data, and nothing accounts for it)"
 )
 _MANUAL = 0  # the logical-batch id of steps not announced by the private data loader
 
@@ -450,6 +460,7 @@ class Chunk:
       fields: Σ|x| of each row of each of its tensors with one row per example, in float64
         (the model's input must be one of them, up to a cast).
       labels: each field that is one label per row: integers, or one-hot rows (as indices).
+      left: whether the loop left the loader (``break``) before stepping on it.
     """
 
     batch: int
@@ -457,6 +468,7 @@ class Chunk:
     rows: int
     fields: list[torch.Tensor]
     labels: list[torch.Tensor]
+    left: bool = False  # the loop left the loader before stepping on it
 
     @classmethod
     def of(cls, batch: int, last: bool, chunk: Any) -> "Chunk":

@@ -91,7 +91,7 @@ def _per_row_passes() -> Callable[..., None]:
     return begin_pass
 
 
-def _unchecked(self, rows, inputs, labels):  # type: ignore[no-untyped-def]
+def _unchecked(self, *_):  # type: ignore[no-untyped-def]
     """No check of a pass against the chunk the loader yielded (rows, inputs, labels)."""
 
 

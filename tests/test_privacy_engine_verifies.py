@@ -657,3 +657,131 @@ def test_the_models_input_may_be_any_field_of_the_batch():
         optimizer.zero_grad()
         F.cross_entropy(private(condition, xb), yb).backward()
         optimizer.step()
+
+
+# --- the third review: arguments, targets, signs, batch size, dataclasses ---------------------
+
+
+class TakesStatistics(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _model()
+
+    def forward(self, x: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+        return self.net((x - mean) / std)
+
+
+def test_batch_statistics_passed_as_arguments_are_refused():
+    report = _check_model(
+        TakesStatistics(),
+        lambda m, x, y: F.cross_entropy(m(x, x.mean(0, keepdim=True), x.std(0, keepdim=True)), y),
+    )
+    assert report.refusal is not None
+    assert "not one row per example" in report.refusal
+
+
+def _check_model(model: nn.Module, loss_of, data=None):
+    run = privacy_engine_release(model.double(), _loop(loss_of))
+    return check_sensitivity(run, data or _data(), neighbours=3, tolerance=TIGHT)
+
+
+def test_a_teachers_targets_through_the_per_example_criterion_are_refused():
+    torch.manual_seed(1)
+    teacher = nn.Sequential(nn.Linear(4, 3), nn.BatchNorm1d(3)).double()  # train mode
+
+    def distilled(model, optimizer, loader):
+        criterion = model.per_example_loss(nn.CrossEntropyLoss(reduction="none"))
+        for x, _ in loader:
+            optimizer.zero_grad()
+            with torch.no_grad():
+                targets = teacher(x).argmax(1)
+            criterion(model(x), targets).backward()
+            optimizer.step()
+
+    report = check_sensitivity(privacy_engine_release(_model(), distilled), _data())
+    assert report.refusal is not None
+    assert "targets" in report.refusal
+
+    # The teacher evaluated one example at a time, inside the criterion: per-example.
+    def per_example_teacher(model, optimizer, loader):
+        teacher.eval()
+        criterion = model.per_example_loss(
+            lambda out, x: F.cross_entropy(out, teacher(x).argmax(1), reduction="none")
+        )
+        for x, _ in loader:
+            optimizer.zero_grad()
+            criterion(model(x), x).backward()
+            optimizer.step()
+
+    run = privacy_engine_release(_model(), per_example_teacher)
+    report = check_sensitivity(run, _data(), neighbours=3, tolerance=TIGHT)
+    assert report.refusal is None, report.refusal
+    assert report.max_ratio <= 1 + TIGHT
+
+
+def test_labels_are_required_and_float_class_indices_count_as_labels():
+    x, y = _data()
+    no_labels = check_sensitivity(
+        privacy_engine_release(
+            _model(),
+            lambda m, o, loader: [
+                (o.zero_grad(), F.cross_entropy(m(b), (b[:, 0] > 0).long()).backward(), o.step())
+                for (b,) in loader
+            ],
+        ),
+        (x,),
+    )
+    assert no_labels.refusal is not None
+    assert "label" in no_labels.refusal
+    private, optimizer, loader = _engine_on(TensorDataset(x, y.double()))  # float indices
+    for xb, yb in loader:
+        optimizer.zero_grad()
+        F.cross_entropy(private(xb), yb.long()).backward()
+        optimizer.step()
+    batches = iter(loader)
+    xb, yb = next(batches)
+    F.cross_entropy(private(xb), (yb.long() + 1) % 3).backward()
+    with pytest.raises(DPVisionError, match="labels"):
+        optimizer.step()
+
+
+def test_a_sign_flipped_by_the_batch_is_refused():
+    report = _check(lambda m, x, y: F.cross_entropy(m(x * torch.sign(x.sum())), y))
+    assert report.refusal is not None
+
+
+class ScaledByBatchSize(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = _model()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x) * (12.0 / x.shape[0]) ** 3
+
+
+def test_an_output_that_depends_on_the_batch_size_is_refused():
+    report = check_sensitivity(_mixing_run(ScaledByBatchSize(), 1), _data(), neighbours=2)
+    assert report.refusal is not None
+    assert "lost one" in report.refusal
+
+
+def test_a_dataclass_output_is_checked_field_by_field():
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Out:
+        logits: torch.Tensor
+        hidden: torch.Tensor
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body, self.head = nn.Linear(4, 8), nn.Linear(8, 3)
+
+        def forward(self, x: torch.Tensor) -> Out:
+            hidden = torch.tanh(self.body(x))
+            return Out(self.head(hidden), hidden)
+
+    report = _check_model(Model(), lambda m, x, y: F.cross_entropy(m(x).logits, y))
+    assert report.refusal is None, report.refusal
+    assert report.max_ratio <= 1 + TIGHT

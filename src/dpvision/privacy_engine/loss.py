@@ -32,6 +32,7 @@ pass of the model's own operations keeps examples apart as its forward pass does
 """
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -119,7 +120,8 @@ class OutputGate:
         self._promised: dict[int, torch.Tensor] = {}  # id of an output → PerExampleLoss's grad
         self.verified: set[int] = set()  # passes whose output gradients were accepted
         self.labels: dict[int, list[torch.Tensor]] = {}  # pass → labels read off gradients
-        self.inputs: dict[int, list[torch.Tensor]] = {}  # pass → Σ|x| of its inputs' rows
+        self.inputs: dict[int, list[torch.Tensor]] = {}  # pass → row_sizes of its inputs
+        self.targets: dict[int, list[torch.Tensor]] = {}  # pass → PerExampleLoss's targets
         self.refusal: str | None = None
 
     def scale(self, rows: int) -> float:
@@ -136,6 +138,13 @@ class OutputGate:
             self._outputs[id(seen)] = pass_index
             seen.register_hook(self._hook(seen.detach(), seen._version, id(seen), pass_index))
             return seen
+        if dataclasses.is_dataclass(output) and not isinstance(output, type):
+            changes = {
+                f.name: self.gated(getattr(output, f.name), rows, pass_index)
+                for f in dataclasses.fields(output)
+                if f.init
+            }
+            return dataclasses.replace(output, **changes)
         if isinstance(output, dict):
             return type(output)((k, self.gated(v, rows, pass_index)) for k, v in output.items())
         if isinstance(output, tuple) and hasattr(output, "_fields"):  # a named tuple
@@ -148,6 +157,10 @@ class OutputGate:
         """Whether ``tensor`` is an output of a recorded pass not yet stepped."""
         return id(tensor) in self._outputs
 
+    def pass_of(self, tensor: torch.Tensor) -> int:
+        """The pass an output of :meth:`gated` belongs to."""
+        return self._outputs[id(tensor)]
+
     def promise(self, output: torch.Tensor, grad: torch.Tensor) -> None:
         """``grad`` is the exact gradient :class:`PerExampleLoss` sends to ``output``."""
         self._promised[id(output)] = grad
@@ -159,6 +172,7 @@ class OutputGate:
         self.verified.clear()
         self.labels.clear()
         self.inputs.clear()
+        self.targets.clear()
         self.refusal = None
 
     def _hook(
@@ -290,6 +304,9 @@ class PerExampleLoss(nn.Module):
                 f"the per-example criterion needs one target per row ({rows}), got "
                 f"{getattr(target, 'shape', type(target).__name__)}"
             )
+        # The targets must be the loader's, as the labels of a recognised loss are.
+        pass_index = self.gate.pass_of(outputs[0])
+        self.gate.targets.setdefault(pass_index, []).append(target.detach())
         values = tuple(_float32(o.detach()) for o in outputs)
         grads, losses = self._per_example(values, target, rows // k)
         scale = self.gate.scale(rows) * self.weight
@@ -343,8 +360,12 @@ def _float32(value: torch.Tensor) -> torch.Tensor:
 
 
 def row_sizes(batch: torch.Tensor) -> torch.Tensor:
-    """Σ|x| of each row of the examples' tensor, in float64: what a step compares between
-    the model's input and the rows the private data loader yielded."""
+    """(Σ|x|, max x, min x) of each row of a tensor, in float64: what a step compares
+    between the model's inputs and the fields of the rows the private data loader yielded
+    (a cast keeps each within about 1 %; a sign flip or a batch statistic does not)."""
     with torch.no_grad():
         rows = batch.detach().flatten(1) if batch.dim() > 1 else batch.detach()[:, None]
-        return rows.to(torch.float64).abs().sum(1)
+        rows = rows.to(torch.float64)
+        if rows.shape[1] == 0:
+            return rows.new_zeros(rows.shape[0], 3)
+        return torch.stack([rows.abs().sum(1), rows.amax(1), rows.amin(1)], 1)

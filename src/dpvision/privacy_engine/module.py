@@ -102,8 +102,18 @@ class PrivateModule(nn.Module):
         self._buffer_watch.check()
         if rows >= 2 * self.views:
             self._check_rows_apart(args, kwargs, output, state)
-        # Compared with the loader's rows at the step (every pass over the same examples).
-        self._gate.inputs.setdefault(len(self._tape.pass_rows) - 1, []).append(row_sizes(batch))
+        # Every tensor argument is compared with the loader's fields at the step (every pass
+        # over the same examples): batch statistics passed as arguments are not the data.
+        given = self._gate.inputs.setdefault(len(self._tape.pass_rows) - 1, [])
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == rows:
+                given.append(row_sizes(value))
+            elif isinstance(value, torch.Tensor) and value.is_floating_point():
+                raise DPVisionError(
+                    f"the private module got a floating-point tensor of shape "
+                    f"{tuple(value.shape)} that is not one row per example: a batch statistic "
+                    "would reach every example's output; pass constants as buffers of the model"
+                )
         return self._gate.gated(output, rows, len(self._tape.pass_rows) - 1)
 
     def per_example_loss(self, criterion: Any, *, weight: float = 1.0) -> PerExampleLoss:
@@ -129,7 +139,7 @@ class PrivateModule(nn.Module):
         # The example of largest size changed by several times its size, and (from three
         # examples on) the smallest made larger than any: a guard that divides by the
         # batch's maximum once an outlier is in, or a median, then moves for the others.
-        sizes = row_sizes(batch).reshape(-1, self.views).sum(1)
+        sizes = row_sizes(batch)[:, 0].reshape(-1, self.views).sum(1)
         changed_examples = [int(sizes.argmax())]
         changed = perturbed(batch, self.views, changed_examples[0], strength=8.0)
         if changed is None:
@@ -141,8 +151,35 @@ class PrivateModule(nn.Module):
                 both = perturbed(changed, self.views, smallest, strength=8.0 * (1.0 + largest))
                 if both is not None:
                     changed, changed_examples = both, [*changed_examples, smallest]
-        swapped_args = tuple(changed if a is batch else a for a in args)
-        swapped_kwargs = {k: changed if v is batch else v for k, v in kwargs.items()}
+        rows = batch.shape[0]
+
+        def swap(value: Any) -> Any:
+            if value is batch:
+                return changed
+            if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == rows:
+                moved = value
+                for example in changed_examples:  # the same examples in every argument
+                    other = perturbed(moved, self.views, example, strength=8.0)
+                    moved = moved if other is None else other
+                return moved
+            return value
+
+        swapped_args = tuple(swap(a) for a in args)
+        swapped_kwargs = {k: swap(v) for k, v in kwargs.items()}
+        # A model that drew no random numbers also runs without one other example: its other
+        # rows must not move when the batch is one example smaller.
+        keep, dropped = None, None
+        if _same_state(state, _random_state(batch.device)) and rows // self.views >= 4:
+            dropped = max(set(range(rows // self.views)) - set(changed_examples))
+            keep = torch.ones(rows, dtype=torch.bool, device=batch.device)
+            keep[dropped * self.views : (dropped + 1) * self.views] = False
+
+            def drop(value: Any) -> Any:
+                is_rows = isinstance(value, torch.Tensor) and value.dim() > 0
+                return value[keep] if is_rows and value.shape[0] == rows else value
+
+            swapped_args = tuple(drop(a) for a in swapped_args)
+            swapped_kwargs = {k: drop(v) for k, v in swapped_kwargs.items()}
         buffers = [b.detach().clone() for b in self._module.buffers()]
         after = _random_state(batch.device)
         try:
@@ -155,16 +192,18 @@ class PrivateModule(nn.Module):
                 for b, saved in zip(self._module.buffers(), buffers, strict=True):
                     if not torch.equal(b, saved):  # the real pass may have saved it for backward)
                         b.copy_(saved)
-        rows = batch.shape[0]
+        examples = [e - int(dropped is not None and e > dropped) for e in changed_examples]
         for before, moved in zip(output_tensors(output), output_tensors(again), strict=False):
-            comparable = before.dim() and before.shape[0] == rows and before.shape == moved.shape
-            if comparable and mixed_rows(before.detach(), moved, self.views, changed_examples):
+            if not (before.dim() and before.shape[0] == rows):
+                continue
+            before = before.detach() if keep is None else before.detach()[keep]
+            if before.shape == moved.shape and mixed_rows(before, moved, self.views, examples):
                 self._tape.clear()
                 raise DPVisionError(
                     "the model mixed examples in this pass: an output row of another "
-                    "example changed when one example changed (mixup across the batch, a "
-                    "batch statistic, a mode switched on during training); per-example "
-                    "clipping needs every example's output to depend on it alone"
+                    "example changed when one example changed or the batch lost one (mixup "
+                    "across the batch, a batch statistic, a mode switched on during training); "
+                    "per-example clipping needs every example's output to depend on it alone"
                 )
 
     @contextmanager
@@ -195,6 +234,16 @@ def _random_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | No
     """Torch's random state on the CPU and on ``device``'s CUDA generator."""
     cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
     return torch.random.get_rng_state(), cuda
+
+
+def _same_state(
+    one: tuple[torch.Tensor, torch.Tensor | None], other: tuple[torch.Tensor, torch.Tensor | None]
+) -> bool:
+    """Whether two random states are the same (no random number was drawn in between)."""
+    return all(
+        (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
+        for a, b in zip(one, other, strict=True)
+    )
 
 
 def _set_random_state(

@@ -284,7 +284,7 @@ class DPOptimizer(torch.optim.Optimizer):
         passes, pass_rows = tape.gradient_passes(), list(tape.pass_rows)
         captured = tape.parameter_grads
         refusal, verified = gate.refusal, set(gate.verified)
-        labels, inputs = dict(gate.labels), dict(gate.inputs)
+        labels, inputs, targets = dict(gate.labels), dict(gate.inputs), dict(gate.targets)
         tape.clear()
         gate.clear()
         for param in self.params.values():
@@ -315,7 +315,12 @@ class DPOptimizer(torch.optim.Optimizer):
             )
         rows = pass_rows[passes[0]]
         if announced is not None:
-            announced.check(rows, inputs.get(passes[0], []), labels.get(passes[0], []))
+            announced.check(
+                rows,
+                inputs.get(passes[0], []),
+                labels.get(passes[0], []),
+                targets.get(passes[0], []),
+            )
         for path, module, pairs in calls:
             seen = [n for call in pairs for n in tape.rows(module, call) if n != rows]
             if seen:
@@ -478,10 +483,17 @@ class Chunk:
         tensors = [t for t in tensors if t.shape[0] == rows]
         return cls(batch, last, rows, [row_sizes(t) for t in tensors], _label_fields(tensors))
 
-    def check(self, rows: int, inputs: list[torch.Tensor], labels: list[torch.Tensor]) -> None:
-        """Refuses a pass that is not over this chunk: other rows, inputs that are none of
-        its fields (beyond a cast to another dtype), or a loss whose labels are none of its
-        label fields.
+    def check(
+        self,
+        rows: int,
+        inputs: list[torch.Tensor],
+        labels: list[torch.Tensor],
+        targets: list[torch.Tensor],
+    ) -> None:
+        """Refuses a pass that is not over this chunk: other rows; a tensor argument of the
+        model that is none of its fields (beyond a cast to another dtype); labels read off
+        a recognised loss's gradient that are none of its label fields (or no label field
+        to compare with); targets of a per-example criterion that are none of its fields.
 
         Raises:
           DPVisionError: naming what differs.
@@ -493,7 +505,7 @@ class Chunk:
                 "the loop's own is not the Poisson sample the accountant is told about)"
             )
         for given in inputs:
-            if self.fields and not any(_near(given, field) for field in self.fields):
+            if not any(_near(given, field) for field in self.fields):
                 raise DPVisionError(
                     "the model's input is not the batch the private data loader yielded: its "
                     "rows changed by more than a cast would change them, in the loop "
@@ -502,11 +514,25 @@ class Chunk:
                     "dataset's transform or in the model, and make views with augmult"
                 )
         for seen in labels:
-            if self.labels and not any(_same_labels(seen, field) for field in self.labels):
+            if not any(_same_labels(seen, field) for field in self.labels):
                 raise DPVisionError(
                     "the loss's labels are not the labels of the private data loader's batch "
-                    "(labels from a teacher, or changed in the loop): they must be each "
-                    "example's own; use the loader's targets"
+                    "(labels from a teacher, or changed in the loop; or the batch has no "
+                    "label field): they must be each example's own; use the loader's "
+                    "targets, or compute them per example inside model.per_example_loss"
+                )
+        for target in targets:
+            indices = _as_labels(target)
+            if indices is not None and self.labels:
+                ok = any(_same_labels(indices, field) for field in self.labels)
+            else:
+                ok = any(_near(row_sizes(target), field) for field in self.fields)
+            if not ok:
+                raise DPVisionError(
+                    "the per-example criterion's targets are none of the fields of the "
+                    "private data loader's batch (a teacher's outputs, or targets changed in "
+                    "the loop): pass the loader's field and compute anything else from it "
+                    "inside the criterion, one example at a time"
                 )
 
 
@@ -525,14 +551,23 @@ def _same_labels(seen: torch.Tensor, field: torch.Tensor) -> bool:
     return seen.shape == theirs.shape and bool(((seen == theirs) | (seen < 0)).all())
 
 
+def _as_labels(tensor: torch.Tensor) -> torch.Tensor | None:
+    """One class index per row, if ``tensor`` holds that: integers, integral floats (1-D),
+    or one-hot rows; else None."""
+    if tensor.is_complex():
+        return None
+    if tensor.dim() == 1:
+        if not tensor.is_floating_point():
+            return tensor
+        integral = bool((tensor == tensor.round()).all()) and bool((tensor >= 0).all())
+        return tensor.long() if integral else None
+    if tensor.is_floating_point() and tensor.dim() == 2 and tensor.shape[1] > 1:
+        binary = bool(((tensor == 0) | (tensor == 1)).all())
+        if binary and bool((tensor.sum(1) == 1).all()):
+            return tensor.argmax(1)
+    return None
+
+
 def _label_fields(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """The tensors (after the first) that hold one label per row, as class indices."""
-    found = []
-    for tensor in tensors[1:]:
-        if not (tensor.is_floating_point() or tensor.is_complex()) and tensor.dim() == 1:
-            found.append(tensor)
-        elif tensor.is_floating_point() and tensor.dim() == 2 and tensor.shape[1] > 1:
-            binary = bool(((tensor == 0) | (tensor == 1)).all())
-            if binary and bool((tensor.sum(1) == 1).all()):
-                found.append(tensor.argmax(1))
-    return found
+    return [labels for t in tensors[1:] if (labels := _as_labels(t)) is not None]

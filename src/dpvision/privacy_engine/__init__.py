@@ -69,7 +69,7 @@ What it takes on trust, Opacus takes too; dpvision verifies it instead:
   refused at ``loss.backward()``;
 * **mixing at every step**: each recorded pass is run again without gradients from its own
   random state with one example changed, and refused if another example's output moves
-  (about a fifth of a step's time);
+  (a tenth to a fifth of a step on the CPU);
 * **the batches**: ``optimizer.step()`` must follow a chunk the private data loader
   yielded, over its rows, its inputs (each row's size within a cast of the loader's) and
   its labels; a skipped batch, a step with nothing recorded (evaluation mode) and a batch

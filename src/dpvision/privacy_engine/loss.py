@@ -9,8 +9,9 @@ term across the batch (logits centred over it) make every row depend on the othe
 examples: one added example then rescales the gradients of all the others, and clipping
 each to C no longer bounds what it moves (39.6 C for a class-weighted cross-entropy).
 
-So the gradient at the output is never taken on trust. :class:`OutputGate` hooks every
-output tensor of a recorded pass, and its backward hook accepts the incoming gradient only
+So the gradient at the output is never taken on trust. :class:`OutputGate` hands back
+every rows-first output of a recorded pass through an identity whose backward hook accepts
+the incoming gradient only
 
 * if it is exactly the gradient a :class:`PerExampleLoss` promised, which computed each
   example's loss and gradient on that example's rows alone (the criterion never sees two
@@ -24,7 +25,10 @@ and in the second case it *replaces* the gradient by s·(softmax(outᵢ) − e_y
 from row i alone, so that what flows into the model is per-example by construction (the
 tolerance of the recognition decides only what is refused, never the sensitivity).
 Anything else raises a one-line :class:`~dpvision.errors.DPVisionError` from
-``loss.backward()`` that names the fix.
+``loss.backward()`` that names the fix. The labels read off a recognised gradient, and the
+targets a :class:`PerExampleLoss` is given, are kept for the step, which compares them
+with the fields of the batch the private data loader yielded
+(:class:`~dpvision.privacy_engine.optimizer.Chunk`): a teacher's labels are not the data.
 
 Assumed, not verified: the loss reaches the model only through its output (a loss term on
 an intermediate activation that a hook of yours captured is not seen), and the backward

@@ -422,16 +422,21 @@ def test_the_mixing_check_leaves_the_random_stream_as_the_pass_left_it():
 
 def _engine_with(batch_size: int = 12, n: int = 100):
     x, y = _data(n)
+    engine, private, optimizer, loader = _make(TensorDataset(x, y), batch_size)
+    return engine, private, optimizer, loader, (x, y)
+
+
+def _make(dataset: TensorDataset, batch_size: int = 12):
     model = _model()
     engine = PrivacyEngine()
     private, optimizer, loader = engine.make_private(
         module=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-        data_loader=DataLoader(TensorDataset(x, y), batch_size=batch_size),
+        data_loader=DataLoader(dataset, batch_size=batch_size),
         noise_multiplier=1.0,
         max_grad_norm=1.0,
     )
-    return engine, private, optimizer, loader, (x, y)
+    return engine, private, optimizer, loader
 
 
 def test_steps_on_one_fixed_batch_are_refused_unless_declared():
@@ -603,16 +608,7 @@ def test_a_loop_that_skips_its_last_batch_is_refused_and_one_that_leaves_is_not(
 
 
 def _engine_on(dataset, batch_size: int = 12):
-    model = _model()
-    engine = PrivacyEngine()
-    private, optimizer, loader = engine.make_private(
-        module=model,
-        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-        data_loader=DataLoader(dataset, batch_size=batch_size),
-        noise_multiplier=1.0,
-        max_grad_norm=1.0,
-    )
-    return private, optimizer, loader
+    return _make(dataset, batch_size)[1:]
 
 
 def test_one_hot_labels_are_compared_and_extra_fields_are_not_labels():

@@ -426,11 +426,22 @@ def clip_and_sum(
     return clipped_gradient_sum(*batch, **how)
 
 
+def low_precision(value: Any) -> bool:
+    """Whether ``value`` (a tensor, or tuples, lists and dicts of them) holds a floating
+    tensor below float32, as a pass under autocast records."""
+    if isinstance(value, torch.Tensor):
+        return value.is_floating_point() and value.element_size() < 4
+    if isinstance(value, tuple | list):
+        return any(low_precision(v) for v in value)
+    if isinstance(value, dict):
+        return any(low_precision(v) for v in value.values())
+    return False
+
+
 def float32_calls(value: Any) -> Any:
     """``value`` with every low-precision floating tensor in it upcast to float32 (exact)."""
     if isinstance(value, torch.Tensor):
-        low = value.is_floating_point() and value.element_size() < 4
-        return value.float() if low else value
+        return value.float() if low_precision(value) else value
     if isinstance(value, tuple | list):
         return type(value)(float32_calls(v) for v in value)
     if isinstance(value, dict):

@@ -45,6 +45,7 @@ from torch import nn
 from torch.func import grad_and_value, vmap
 
 from dpvision.errors import DPVisionError
+from dpvision.per_example.bookkeeping import float32_calls
 
 REFUSED = (
     "the loss's gradient at the model's output is not that of a plain {reduction} of "
@@ -311,7 +312,7 @@ class PerExampleLoss(nn.Module):
         # The targets must be the loader's, as the labels of a recognised loss are.
         pass_index = self.gate.pass_of(outputs[0])
         self.gate.targets.setdefault(pass_index, []).append(target.detach())
-        values = tuple(_float32(o.detach()) for o in outputs)
+        values = tuple(float32_calls(o.detach()) for o in outputs)  # as autocast's loss
         grads, losses = self._per_example(values, target, rows // k)
         scale = self.gate.scale(rows) * self.weight
         sent = tuple((g * scale).to(o.dtype) for g, o in zip(grads, outputs, strict=True))
@@ -355,12 +356,6 @@ class PerExampleLoss(nn.Module):
             grads = tuple(torch.stack([p[0][j] for p in parts]) for j in range(len(values)))
             losses = torch.stack([p[1] for p in parts])
         return tuple(g.reshape(v.shape) for g, v in zip(grads, values, strict=True)), losses
-
-
-def _float32(value: torch.Tensor) -> torch.Tensor:
-    """A low-precision floating tensor upcast to float32 (the loss as autocast computes it)."""
-    low = value.is_floating_point() and value.element_size() < 4
-    return value.float() if low else value
 
 
 def row_sizes(batch: torch.Tensor) -> torch.Tensor:

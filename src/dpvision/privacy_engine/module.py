@@ -96,24 +96,25 @@ class PrivateModule(nn.Module):
             check_batch_layout(self._module, self._tape.layers, args, kwargs, views=self.views)
             self._checked.add(key)
             self._tape.capture_parameter_grads(trainable_params(self._module))
-        self._buffer_watch.start()  # after the probe, which writes back what it moved
-        state = _random_state(batch.device)
-        output = self._module(*args, **kwargs)
-        self._buffer_watch.check()
-        if rows >= 2 * self.views:
-            self._check_rows_apart(args, kwargs, output, state)
         # Every tensor argument is compared with the loader's fields at the step (every pass
         # over the same examples): batch statistics passed as arguments are not the data.
-        given = self._gate.inputs.setdefault(len(self._tape.pass_rows) - 1, [])
+        sizes = []
         for value in (*args, *kwargs.values()):
             if isinstance(value, torch.Tensor) and value.dim() and value.shape[0] == rows:
-                given.append(row_sizes(value))
+                sizes.append(row_sizes(value))
             elif isinstance(value, torch.Tensor) and value.is_floating_point():
                 raise DPVisionError(
                     f"the private module got a floating-point tensor of shape "
                     f"{tuple(value.shape)} that is not one row per example: a batch statistic "
                     "would reach every example's output; pass constants as buffers of the model"
                 )
+        self._buffer_watch.start()  # after the probe, which writes back what it moved
+        state = _random_state(batch.device)
+        output = self._module(*args, **kwargs)
+        self._buffer_watch.check()
+        if rows >= 2 * self.views:  # sizes[0]: the batch's, the first tensor argument
+            self._check_rows_apart(args, kwargs, output, state, sizes[0][:, 0])
+        self._gate.inputs.setdefault(len(self._tape.pass_rows) - 1, []).extend(sizes)
         return self._gate.gated(output, rows, len(self._tape.pass_rows) - 1)
 
     def per_example_loss(self, criterion: Any, *, weight: float = 1.0) -> PerExampleLoss:
@@ -130,16 +131,22 @@ class PrivateModule(nn.Module):
         )
 
     def _check_rows_apart(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any, state: Any
+        self,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        output: Any,
+        state: Any,
+        row_size: torch.Tensor,
     ) -> None:
         """Refuses this pass if, run again from its random state with one example changed,
-        an output row of another example changes (see the class docstring)."""
+        an output row of another example changes (see the class docstring). ``row_size``:
+        Σ|x| of each row of the batch."""
         batch = batch_tensor(args, kwargs)
         assert batch is not None
         # The example of largest size changed by several times its size, and (from three
         # examples on) the smallest made larger than any: a guard that divides by the
         # batch's maximum once an outlier is in, or a median, then moves for the others.
-        sizes = row_sizes(batch)[:, 0].reshape(-1, self.views).sum(1)
+        sizes = row_size.reshape(-1, self.views).sum(1)
         changed_examples = [int(sizes.argmax())]
         changed = perturbed(batch, self.views, changed_examples[0], strength=8.0)
         if changed is None:
@@ -180,7 +187,6 @@ class PrivateModule(nn.Module):
 
             swapped_args = tuple(drop(a) for a in swapped_args)
             swapped_kwargs = {k: drop(v) for k, v in swapped_kwargs.items()}
-        buffers = [b.detach().clone() for b in self._module.buffers()]
         after = _random_state(batch.device)
         try:
             _set_random_state(batch.device, state)
@@ -188,10 +194,7 @@ class PrivateModule(nn.Module):
                 again = self._module(*swapped_args, **swapped_kwargs)
         finally:
             _set_random_state(batch.device, after)
-            with torch.no_grad():  # put back what the extra pass wrote (not what it read:
-                for b, saved in zip(self._module.buffers(), buffers, strict=True):
-                    if not torch.equal(b, saved):  # the real pass may have saved it for backward)
-                        b.copy_(saved)
+        self._buffer_watch.check()  # the extra pass may not write a buffer either
         examples = [e - int(dropped is not None and e > dropped) for e in changed_examples]
         for before, moved in zip(output_tensors(output), output_tensors(again), strict=False):
             if not (before.dim() and before.shape[0] == rows):

@@ -16,6 +16,7 @@ from dpvision.mechanisms.noise import NoiseGenerator
 from dpvision.per_example.bookkeeping import (
     clip_terms,
     float32_calls,
+    low_precision,
     trainable_params,
     unclipped_mismatch,
 )
@@ -342,7 +343,7 @@ class DPOptimizer(torch.optim.Optimizer):
         tape = self.tape
         # A forward pass under autocast recorded low-precision values: upcast them (exactly),
         # so that the norms and the sum are float32 like the parameters.
-        low = any(_low_precision(pairs) for _, _, pairs in calls)
+        low = any(low_precision(pairs) for _, _, pairs in calls)
         calls = [(path, module, [float32_calls(c) for c in pairs]) for path, module, pairs in calls]
         try:
             with tape.paused():  # a rule that recomputes its layer must not be recorded
@@ -434,17 +435,6 @@ class DPOptimizer(torch.optim.Optimizer):
         self._pending = None
         self._release(release)
         return loss
-
-
-def _low_precision(value: Any) -> bool:
-    """Whether ``value`` (a recorded call) holds a floating tensor below float32."""
-    if isinstance(value, torch.Tensor):
-        return value.is_floating_point() and value.element_size() < 4
-    if isinstance(value, tuple | list):
-        return any(_low_precision(v) for v in value)
-    if isinstance(value, dict):
-        return any(_low_precision(v) for v in value.values())
-    return False
 
 
 SKIPPED = (

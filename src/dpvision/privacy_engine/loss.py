@@ -200,9 +200,9 @@ class OutputGate:
                 )
             found = recognised_gradient(value, grad, self.scale(value.shape[0]))
             if found is None:
-                self._refuse(
+                self._refuse(  # no row count: a Poisson batch's size is not the user's to log
                     "its rows are neither softmax − one-hot (cross-entropy) nor − one-hot "
-                    f"(NLL) times 1/{value.shape[0]}"
+                    "(NLL), times 1/rows"
                     if self.loss_reduction == "mean"
                     else "its rows are neither softmax − one-hot nor − one-hot"
                 )

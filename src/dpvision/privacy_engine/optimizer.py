@@ -490,9 +490,9 @@ class Chunk:
         """
         if rows != self.rows:
             raise DPVisionError(
-                f"the forward pass was over {rows} rows but the private data loader's batch "
-                f"has {self.rows}: step on the loader's batches as they come (a batch of "
-                "the loop's own is not the Poisson sample the accountant is told about)"
+                "the forward pass was over another number of rows than the private data "
+                "loader's batch: step on the loader's batches as they come (a batch of the "
+                "loop's own is not the Poisson sample the accountant is told about)"
             )
         for given in inputs:
             if not any(_near(given, field) for field in self.fields):

@@ -1,14 +1,22 @@
-"""Where book-keeping's time goes: one micro-batch, phase by phase and layer kind by kind.
+"""Where a private step's time goes: the phases of one DP-SGD step under ``torch.profiler``.
 
 The DP-SGD speed benchmark (``dpsgd_speed.py``) gives the ratio of a private step to a
-non-private one; this script says which part of the private step costs what. For one
-micro-batch of ``--batch`` examples with ``--views`` K views, it times the non-private
-forward + backward, then book-keeping's phases: the forward with the activation tape, the
-backward to the layer outputs, each rule's per-example terms (grouped by layer type and
-output shape) and each rule's clipped sum. Median of ``--repeats`` runs after one warm-up.
+non-private one; this script says which part of the private step costs what. For each model
+(and ``--precision``), it runs the real :class:`~dpvision.training.DPSGDStep` (book-keeping
+clipping) and a plain SGD step on the same batch under ``torch.profiler`` and reads the
+phases the code labels (:mod:`dpvision.profiling`): the forward with the activation tape, the
+backward to the layer outputs, the per-example norms of each layer kind, the clip factors,
+the clipped sum of each layer kind, the noise and the optimizer. On CUDA each phase's time
+is the GPU time of the kernels it launched; on the CPU it is the phase's wall time. "other"
+is the measured step time minus the labelled phases (Python, the loss, the tape's hooks).
 
-    python benchmarks/bookkeeping_profile.py --model wrn-16-4 --views 4
-    # -> benchmarks/results/bookkeeping_profile_wrn-16-4_k4.{json,md}
+    python benchmarks/bookkeeping_profile.py --model vit-6 convnext-4 --batch 32
+    python benchmarks/bookkeeping_profile.py --model timm:vit_small_patch16_224 --image 224 \\
+        --batch 4 --precision bf16
+    # -> benchmarks/results/bookkeeping_profile_<device>_<precision>.{json,md}
+
+Models: the ``dpsgd_speed.py`` names (``tanh-cnn``, ``wrn-16-4``, ``vit-6``, ``convnext-4``)
+and ``timm:NAME`` (random weights, BatchNorm replaced by GroupNorm; needs the models extra).
 """
 
 import argparse
@@ -18,119 +26,246 @@ import statistics
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F  # noqa: N812 (the usual PyTorch alias)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dpsgd_speed import build_model, write_text_atomic
+from dpsgd_speed import build_model, device_slug, write_text_atomic
 
-from dpvision.per_example.layers import layer_terms
-from dpvision.per_example.tape import ActivationTape
+from dpvision.accounting import PrivacyLedger
+from dpvision.profiling import PREFIX
+from dpvision.training import DPSGDStep
 
-
-def _shape(calls: list) -> str:
-    grad = calls[0][1]
-    grad = grad if isinstance(grad, torch.Tensor) else next(iter(grad.values()))
-    return "×".join(str(v) for v in grad.shape[1:])
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
 
 
-def profile_once(model, x, y, views: int) -> dict[str, float]:
-    """Seconds per phase of one book-keeping pass (terms and sums per layer kind)."""
-    times: dict[str, float] = defaultdict(float)
-    batch = x.shape[0] // views
-    tape = ActivationTape(model, mode="edges")
-    started = time.perf_counter()
-    with tape.attached():
-        losses = F.cross_entropy(model(x), y, reduction="none")
-        times["forward (with the tape)"] = time.perf_counter() - started
+def model_for(name: str, image: int, device: str) -> torch.nn.Module:
+    """A dpsgd_speed model, or ``timm:NAME`` at ``image``² with GroupNorm for BatchNorm."""
+    if name.startswith("timm:"):
+        from dpvision.models import build_model as build_dpvision
+
+        model = build_dpvision(name, (3, image, image), 10)
+    else:
+        model = build_model(name)
+    return model.to(device)
+
+
+def input_shape(name: str, image: int) -> tuple[int, int, int]:
+    if name == "tanh-cnn":
+        return (1, 28, 28)
+    return (3, image, image) if name.startswith("timm:") else (3, 32, 32)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _labelled(name: str) -> Any:
+    return torch.profiler.record_function(PREFIX + name)
+
+
+def steps(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    views: int,
+    precision: torch.dtype | None,
+) -> dict[str, Callable[[], None]]:
+    """The non-private and the private step on the same batch (same phase labels)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: every step the same
+    flat = x.flatten(0, 1) if views > 1 else x
+    labels = y.repeat_interleave(views) if views > 1 else y
+    cast = torch.autocast(x.device.type, dtype=precision, enabled=precision is not None)
+
+    def non_private() -> None:
+        with _labelled("forward"), cast:
+            out = model(flat)
+        loss = F.cross_entropy(out.float(), labels)
+        with _labelled("backward"):
+            loss.backward()
+        with _labelled("optimizer"):
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+    engine = DPSGDStep(
+        model=model,
+        optimizer=optimizer,
+        loss_fn=lambda out, t: F.cross_entropy(out, t, reduction="none"),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+        sample_rate=len(x) / 50_000,
+        num_examples=50_000,
+        ledger=PrivacyLedger(),
+        generator=torch.Generator(device=x.device).manual_seed(0),
+        views=views > 1,
+        clipping="bookkeeping",
+        precision=precision,
+    )
+    return {"non-private": non_private, "dpvision": lambda: engine([(x, y)])}
+
+
+def timed(step: Callable[[], None], device: torch.device, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        _sync(device)
         started = time.perf_counter()
-        grads = torch.autograd.grad(losses.sum() / views, tape.edges, allow_unused=True)
-        tape.set_edge_grads(grads)
-        times["backward to the layer outputs"] = time.perf_counter() - started
-        terms = []
-        for _, module, calls in tape.calls():
-            key = f"{type(module).__name__} {_shape(calls)}"
-            started = time.perf_counter()
-            with tape.paused():
-                terms.append((key, layer_terms(module, calls, views)))
-            times[f"terms: {key}"] += time.perf_counter() - started
-        scale = torch.ones(batch)
-        for key, layer in terms:
-            started = time.perf_counter()
-            layer.clipped_sum(scale, None)
-            times[f"clipped sum: {key}"] += time.perf_counter() - started
-    return times
+        step()
+        _sync(device)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def phases(step: Callable[[], None], device: torch.device, repeats: int) -> dict[str, float]:
+    """Seconds per step of each ``dpvision::`` phase, over ``repeats`` profiled steps."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(repeats):
+            step()
+        _sync(device)
+    seconds: dict[str, float] = defaultdict(float)
+    for event in prof.key_averages():
+        if not event.key.startswith(PREFIX):
+            continue
+        micro = event.device_time_total if device.type == "cuda" else event.cpu_time_total
+        seconds[event.key.removeprefix(PREFIX)] += micro / 1e6 / repeats
+    return dict(seconds)
+
+
+def profile(args: argparse.Namespace, name: str, precision: str) -> dict[str, Any]:
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    model = model_for(name, args.image, args.device)
+    shape = input_shape(name, args.image)
+    views = (args.views,) if args.views > 1 else ()
+    x = torch.randn(args.batch, *views, *shape, device=device)
+    y = torch.randint(0, 10, (args.batch,), device=device)
+    result: dict[str, Any] = {"model": name, "precision": precision, "input": list(shape)}
+    for row, step in steps(model, x, y, args.views, PRECISIONS[precision]).items():
+        step()  # warm-up (the first private call also verifies the layout and gradients)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        seconds = timed(step, device, args.repeats)
+        parts = phases(step, device, args.repeats)
+        parts["other"] = max(0.0, seconds - sum(parts.values()))
+        result[row] = {
+            "seconds": seconds,
+            "phases": dict(sorted(parts.items(), key=lambda kv: -kv[1])),
+            "peak_gib": (
+                torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+            ),
+        }
+    result["ratio"] = result["dpvision"]["seconds"] / result["non-private"]["seconds"]
+    return result
+
+
+def _group(key: str) -> str:
+    """The phase family of a key: ``norms[Linear]`` → ``norms``."""
+    return key.split("[", 1)[0]
+
+
+def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
+    lines = [
+        f"# Book-keeping profile: {meta['device_name']}, {meta['precision']}",
+        "",
+        f"One micro-batch of B = {meta['batch']} examples (K = {meta['views']}), median of "
+        f"{meta['repeats']} timed steps after a warm-up; phases from `torch.profiler` over "
+        f"{meta['repeats']} more steps ({meta['clock']}). A step is forward, backward, "
+        "clipping, noise and the optimizer (SGD). 'other' is the step time minus the labelled "
+        "phases. Each phase's '× non-private step' is its time over the whole non-private "
+        "step, so the private row's shares add up to its ratio.",
+        "",
+    ]
+    for result in results:
+        plain, private = result["non-private"], result["dpvision"]
+        base = plain["seconds"]
+        lines += [
+            f"## {result['model']}, {'×'.join(map(str, result['input']))}",
+            "",
+            f"Non-private step {base:.4f} s; dpvision {private['seconds']:.4f} s "
+            f"(**{result['ratio']:.2f}×**).",
+            "",
+            "| phase | non-private s | dpvision s | dpvision × non-private step |",
+            "|---|---:|---:|---:|",
+        ]
+        keys = list(private["phases"])
+        keys += [k for k in plain["phases"] if k not in keys]
+        for key in keys:
+            a, b = plain["phases"].get(key), private["phases"].get(key)
+            cells = [f"{a:.4f}" if a is not None else "", f"{b:.4f}" if b is not None else ""]
+            share = f"{b / base:.3f}" if b is not None else ""
+            lines.append(f"| {key} | {cells[0]} | {cells[1]} | {share} |")
+        families: dict[str, float] = defaultdict(float)
+        for key, value in private["phases"].items():
+            families[_group(key)] += value
+        lines += [
+            "",
+            "By family (× non-private step): "
+            + ", ".join(f"{k} {v / base:.2f}" for k, v in sorted(families.items(), key=lambda kv: -kv[1]))
+            + ".",
+            "",
+        ]
+        if plain["peak_gib"] is not None:
+            lines += [
+                f"Peak GPU memory: non-private {plain['peak_gib']:.2f} GiB, dpvision "
+                f"{private['peak_gib']:.2f} GiB.",
+                "",
+            ]
+    lines += [f"Machine: {meta['machine']}. Date: {meta['date']}. Command:", "", f"    {meta['command']}", ""]
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--model", default="wrn-16-4", help="a dpsgd_speed.py model name")
+    parser.add_argument("--model", nargs="+", default=["wrn-16-4", "vit-6", "convnext-4"])
     parser.add_argument("--views", type=int, default=1, help="K views per example")
-    parser.add_argument("--batch", type=int, default=64, help="examples in the micro-batch")
+    parser.add_argument("--batch", type=int, default=32, help="examples in the micro-batch")
+    parser.add_argument("--image", type=int, default=224, help="image side of timm models")
+    parser.add_argument("--precision", choices=sorted(PRECISIONS), nargs="+", default=["fp32"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    parser.add_argument("--name", default=None, help="result file stem (default from device)")
     args = parser.parse_args(argv)
-    if min(args.views, args.batch, args.repeats, args.threads) < 1:
-        parser.error("--views, --batch, --repeats and --threads must be >= 1")
+    if min(args.views, args.batch, args.repeats, args.threads, args.image) < 1:
+        parser.error("--views, --batch, --repeats, --threads and --image must be >= 1")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device here")
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    model = build_model(args.model)
-    shape = (1, 28, 28) if args.model == "tanh-cnn" else (3, 32, 32)
-    x = torch.randn(args.batch * args.views, *shape)
-    y = torch.randint(0, 10, (args.batch * args.views,))
-
-    def non_private() -> float:
-        started = time.perf_counter()
-        F.cross_entropy(model(x), y).backward()
-        model.zero_grad(set_to_none=True)
-        return time.perf_counter() - started
-
-    non_private()
-    profile_once(model, x, y, args.views)
-    plain = statistics.median(non_private() for _ in range(args.repeats))
-    runs = [profile_once(model, x, y, args.views) for _ in range(args.repeats)]
-    phases = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
-    total = sum(phases.values())
-    result = {
-        "model": args.model,
-        "views": args.views,
-        "batch": args.batch,
-        "threads": args.threads,
-        "repeats": args.repeats,
-        "non_private_seconds": plain,
-        "bookkeeping_seconds": total,
-        "ratio": total / plain,
-        "phases": dict(sorted(phases.items(), key=lambda kv: -kv[1])),
-        "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-        "command": shlex.join(["python", *sys.argv]),
-        "torch": torch.__version__,
-    }
-    lines = [
-        f"# Book-keeping profile: {args.model}, B = {args.batch}, K = {args.views}",
-        "",
-        f"One micro-batch, median of {args.repeats} runs after a warm-up, "
-        f"{args.threads} torch threads. Non-private forward + backward: "
-        f"{plain:.3f} s. Book-keeping, all phases: {total:.3f} s "
-        f"(**{total / plain:.2f}×**; without the noise and the optimizer step).",
-        "",
-        "| phase | s | share |",
-        "|---|---:|---:|",
-        *(f"| {k} | {v:.3f} | {v / total:.0%} |" for k, v in result["phases"].items()),
-        "",
-        f"Date: {result['date']}; torch {torch.__version__}. Command:",
-        "",
-        f"    {result['command']}",
-        "",
-    ]
+    device = torch.device(args.device)
+    device_name = (
+        torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {args.threads} threads"
+    )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    name = f"bookkeeping_profile_{args.model}_k{args.views}"
-    write_text_atomic(out / f"{name}.json", json.dumps(result, indent=2) + "\n")
-    write_text_atomic(out / f"{name}.md", "\n".join(lines))
-    print("\n".join(lines))
+    for precision in args.precision:
+        results = [profile(args, name, precision) for name in args.model]
+        meta = {
+            "device_name": device_name,
+            "precision": precision,
+            "batch": args.batch,
+            "views": args.views,
+            "repeats": args.repeats,
+            "clock": "GPU kernel time per phase" if device.type == "cuda" else "wall time",
+            "machine": f"torch {torch.__version__}, {device_name}",
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+            "command": shlex.join(["python", *sys.argv]),
+        }
+        stem = args.name or f"bookkeeping_profile_{device_slug(device_name)}"
+        name = f"{stem}_{precision}"
+        write_text_atomic(
+            out / f"{name}.json", json.dumps({"meta": meta, "results": results}, indent=2) + "\n"
+        )
+        text = markdown(results, meta)
+        write_text_atomic(out / f"{name}.md", text)
+        print(text)
     return 0
 
 

@@ -255,3 +255,38 @@ def test_the_dpsgd_engine_steps_by_the_reference_sum_over_physical_chunks(name, 
     for key, param in model.named_parameters():
         moved = before[key] - param.detach()
         torch.testing.assert_close(moved, expected.grads[key] / (0.1 * n), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("views", [1, 3])
+@pytest.mark.parametrize(
+    "conv",
+    [
+        nn.Conv2d(4, 4, 7, padding=3, groups=4),  # ConvNeXt's depthwise 7×7
+        nn.Conv2d(3, 6, (3, 2), stride=(2, 3), dilation=(2, 1), padding=(2, 0), groups=3),
+        nn.Conv1d(2, 4, 3, stride=2, dilation=3, groups=2, padding=1, padding_mode="circular"),
+        nn.Conv3d(2, 2, 2, dilation=(1, 2, 1), groups=2, padding="same", bias=False),
+    ],
+    ids=["convnext", "strided-dilated-multiplier", "conv1d-circular", "conv3d-same"],
+)
+def test_depthwise_gradients_by_a_forward_convolution_equal_the_grouped_kernel(conv, views):
+    from dpvision.per_example.layers import conv as rule
+
+    torch.manual_seed(11)
+    layer = conv.double()
+    size = {1: (11,), 2: (9, 10), 3: (4, 5, 5)}[layer.weight.dim() - 2]
+    x = torch.randn(5 * views, layer.in_channels, *size, dtype=torch.float64)
+    g = torch.randn_like(layer(x))
+    fast = ConvTerms(layer, [(x, g)], views, "auto")
+    padded, padding = fast._padded(x)
+    ((_, _, gg),) = fast.calls
+    grouped = rule._weight_grad(  # the general path: the examples as groups of one kernel
+        layer,
+        padded.reshape(5, views, *padded.shape[1:]).transpose(0, 1).flatten(1, 2),
+        gg.reshape(5, views, *gg.shape[1:]).transpose(0, 1).flatten(1, 2),
+        padding,
+        5 * layer.groups,
+    ).reshape(5, *layer.weight.shape)
+    torch.testing.assert_close(fast.per_example, grouped, rtol=1e-10, atol=1e-12)
+    rows = [slice(i * views, (i + 1) * views) for i in range(5)]
+    own = [torch.autograd.grad((layer(x[r]) * g[r]).sum(), layer.weight)[0] for r in rows]
+    torch.testing.assert_close(fast.per_example, torch.stack(own), rtol=1e-10, atol=1e-12)

@@ -53,6 +53,7 @@ from dpvision.per_example.layers import (
 from dpvision.per_example.precision import autocast_enabled, exact_arithmetic
 from dpvision.per_example.reference import ClippedGradientSum, autocast, clipped_gradient_sum
 from dpvision.per_example.tape import ActivationTape, UnsupportedError, tracked_layers
+from dpvision.profiling import phase
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -149,28 +150,31 @@ def _clip_terms(
     """:func:`clip_terms` inside its exact arithmetic (same arguments and privacy: releases
     nothing; the result has L2 sensitivity C, or √(Σ C_g²) with ``groups``)."""
     like = next(iter(params.values()), None)
-    sq = torch.zeros(batch) if like is None else like.new_zeros(batch)
-    for _, layer in terms:
-        sq = sq + layer.sq_norms.to(sq.dtype)
-    norms = sq.sqrt() * grad_scale
-    finite = torch.isfinite(norms)
-    keep = finite
-    if mask is not None:
-        keep = keep & mask.to(device=keep.device, dtype=torch.bool)
-    if groups is None:
-        flat = clipping.clip_factors(norms, max_grad_norm, keep)
-        scales = [flat for _ in terms]
-    else:
-        sq_by_group: dict[str, torch.Tensor] = {}
-        for path, layer in terms:
-            part = layer.sq_norms.to(sq.dtype) * grad_scale**2
-            sq_by_group[path] = sq_by_group[path] + part if path in sq_by_group else part
-        factors = groups.factors(sq_by_group, keep & finite)
-        scales = [factors[path] for path, _ in terms]
-    drop = None if bool(keep.all()) else ~keep
+    with phase("clip_factors"):
+        sq = torch.zeros(batch) if like is None else like.new_zeros(batch)
+        for _, layer in terms:
+            sq = sq + layer.sq_norms.to(sq.dtype)
+        norms = sq.sqrt() * grad_scale
+        finite = torch.isfinite(norms)
+        keep = finite
+        if mask is not None:
+            keep = keep & mask.to(device=keep.device, dtype=torch.bool)
+        if groups is None:
+            flat = clipping.clip_factors(norms, max_grad_norm, keep)
+            scales = [flat for _ in terms]
+        else:
+            sq_by_group: dict[str, torch.Tensor] = {}
+            for path, layer in terms:
+                part = layer.sq_norms.to(sq.dtype) * grad_scale**2
+                sq_by_group[path] = sq_by_group[path] + part if path in sq_by_group else part
+            factors = groups.factors(sq_by_group, keep & finite)
+            scales = [factors[path] for path, _ in terms]
+        drop = None if bool(keep.all()) else ~keep
     grads: dict[str, torch.Tensor] = {}
     for (path, layer), scale in zip(terms, scales, strict=True):
-        for local, value in layer.clipped_sum(scale * grad_scale, drop).items():
+        with phase(f"clipped_sum[{layer.kind}]"):
+            sums = layer.clipped_sum(scale * grad_scale, drop)
+        for local, value in sums.items():
             name = f"{path}.{local}" if path else local
             if groups is not None and group_of(name) != path:
                 raise UnsupportedError(
@@ -227,7 +231,7 @@ def _bookkeeping_sum(
     low = precision is not None or autocast_enabled(flat.device)
     tape = ActivationTape(model, mode="edges")
     with tape.attached(), torch.enable_grad():
-        with autocast(flat.device, precision):
+        with phase("forward"), autocast(flat.device, precision):
             outputs = model(flat)
         if precision is not None:  # the loss in float32, as autocast would compute it
             outputs = outputs.float()
@@ -244,7 +248,8 @@ def _bookkeeping_sum(
         sources = [*tape.edges, *(params[name] for name in names)]
         grads: tuple[torch.Tensor | None, ...] = ()
         if sources:
-            grads = torch.autograd.grad(total, sources, allow_unused=True)
+            with phase("backward"):
+                grads = torch.autograd.grad(total, sources, allow_unused=True)
             tape.set_edge_grads(grads[:edges])
         terms = []
         # The norms, and below the sums they clip, in IEEE float32 whatever the user's TF32,
@@ -255,14 +260,16 @@ def _bookkeeping_sum(
                     raise UnsupportedError(f"layer {path or 'root'} did not see one row per view")
                 if low:  # norms and sums from the recorded values, in float32
                     calls = [float32_calls(call) for call in calls]
-                with tape.paused():  # a rule that recomputes its layer must not be recorded
+                # A rule that recomputes its layer must not be recorded.
+                with tape.paused(), phase(f"norms[{type(module).__name__}]"):
                     terms.append((path, layer_terms(module, calls, k, strategy)))
     with exact_arithmetic(flat.device):
         if verify is not None:
             # Under autocast the parameters' own gradients were rounded to the low precision.
             loose = 20.0 if low else 1.0
             true = dict(zip(names, grads[edges:], strict=True))
-            reason = unclipped_mismatch(terms, true, batch, tolerance=loose)
+            with phase("verify"):
+                reason = unclipped_mismatch(terms, true, batch, tolerance=loose)
             if reason is not None:
                 _VERDICTS[model][verify] = reason
                 raise UnsupportedError(reason)

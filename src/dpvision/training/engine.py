@@ -28,6 +28,7 @@ from dpvision.mechanisms.adaptive_clipping import AdaptiveClipping
 from dpvision.mechanisms.noise import NoiseGenerator
 from dpvision.mechanisms.secure import noise_source
 from dpvision.per_example import CLIPPING_METHODS, ClippedGradientSum, clip_and_sum
+from dpvision.profiling import phase
 from dpvision.per_example.groups import GroupNorms
 from dpvision.training.buffers import BufferWatch
 
@@ -187,18 +188,20 @@ def noisy_step(
     # Exact sums over every rank's share, then the noise once (Algorithm 1). No count of the
     # batch's examples or of its non-finite gradients is kept: both are private.
     (workers or Workers()).all_reduce_(totals)
-    privatize_gradients(
-        list(zip(totals, params.values(), strict=True)),
-        l2_sensitivity=clipped.l2_sensitivity,
-        release=release,
-        ledger=ledger,
-        generator=generator,
-    )
-    optimizer.step()
-    if not keep_grad:
-        optimizer.zero_grad(set_to_none=True)
-    if ema is not None:
-        ema.update()
+    with phase("noise"):
+        privatize_gradients(
+            list(zip(totals, params.values(), strict=True)),
+            l2_sensitivity=clipped.l2_sensitivity,
+            release=release,
+            ledger=ledger,
+            generator=generator,
+        )
+    with phase("optimizer"):
+        optimizer.step()
+        if not keep_grad:
+            optimizer.zero_grad(set_to_none=True)
+        if ema is not None:
+            ema.update()
 
 
 class DPSGDStep:

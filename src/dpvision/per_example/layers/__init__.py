@@ -177,4 +177,6 @@ def layer_terms(
       views: K, the number of consecutive rows that belong to one example.
       strategy: ``ghost`` or ``materialise`` to force the norm computation (tests).
     """
-    return rule_of(module).terms(module, calls, views, strategy)
+    terms = rule_of(module).terms(module, calls, views, strategy)
+    terms.kind = type(module).__name__
+    return terms

@@ -123,34 +123,15 @@ class AttentionTerms(LayerTerms):
         with torch.no_grad():
             projected = [F.linear(x, w, b) for x, w, b in zip(inputs, weights, biases, strict=True)]
         projected = [p.requires_grad_() for p in projected]
-        e = module.embed_dim
-        eye = torch.eye(e, dtype=projected[0].dtype, device=projected[0].device)
         want_weights = 1 in grads
         with torch.enable_grad():
-            core, attention = F.multi_head_attention_forward(
-                *(p.transpose(0, 1) for p in projected),
-                e,
-                module.num_heads,
-                None,
-                None,
-                None,
-                None,
-                False,
-                0.0,
-                eye,
-                None,
-                training=False,
-                key_padding_mask=options["key_padding_mask"],
-                need_weights=want_weights,
-                attn_mask=options["attn_mask"],
-                use_separate_proj_weight=True,
-                q_proj_weight=eye,
-                k_proj_weight=eye,
-                v_proj_weight=eye,
-                average_attn_weights=options["average_attn_weights"],
-                is_causal=options["is_causal"],
-            )
-            core = core.transpose(0, 1)
+            if want_weights or any(
+                options[name] for name in ("attn_mask", "key_padding_mask", "is_causal")
+            ):
+                core, attention = self._core_with_masks(projected, options, want_weights)
+            else:  # no masks, no weights: the core alone, as PyTorch runs it then
+                heads = [p.unflatten(-1, (module.num_heads, -1)).transpose(1, 2) for p in projected]
+                core = F.scaled_dot_product_attention(*heads).transpose(1, 2).flatten(2)
             outputs = [core]
             cotangents = [grads[0] @ module.out_proj.weight.detach()]
             if want_weights:
@@ -161,6 +142,39 @@ class AttentionTerms(LayerTerms):
             torch.zeros_like(p) if g is None else g for p, g in zip(projected, found, strict=True)
         ]
         return inputs, grads_qkv, core.detach()
+
+    def _core_with_masks(
+        self, projected: list[torch.Tensor], options: dict[str, Any], want_weights: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The attention core and its weights by PyTorch's own function (its mask merging
+        and weight averaging), with identity projections."""
+        module = self.module
+        e = module.embed_dim
+        eye = torch.eye(e, dtype=projected[0].dtype, device=projected[0].device)
+        core, attention = F.multi_head_attention_forward(
+            *(p.transpose(0, 1) for p in projected),
+            e,
+            module.num_heads,
+            None,
+            None,
+            None,
+            None,
+            False,
+            0.0,
+            eye,
+            None,
+            training=False,
+            key_padding_mask=options["key_padding_mask"],
+            need_weights=want_weights,
+            attn_mask=options["attn_mask"],
+            use_separate_proj_weight=True,
+            q_proj_weight=eye,
+            k_proj_weight=eye,
+            v_proj_weight=eye,
+            average_attn_weights=options["average_attn_weights"],
+            is_causal=options["is_causal"],
+        )
+        return core.transpose(0, 1), attention
 
     def clipped_sum(
         self, scale: torch.Tensor, drop: torch.Tensor | None

@@ -40,9 +40,12 @@ class LayerTerms(ABC):
     Attributes:
       sq_norms: (B,) squared L2 norms of the per-example gradients of all the layer's
         trainable parameters together.
+      kind: the layer's type name (set by :func:`~dpvision.per_example.layers.layer_terms`;
+        it names the layer's phases for ``torch.profiler``).
     """
 
     sq_norms: torch.Tensor
+    kind: str = "layer"
 
     @abstractmethod
     def clipped_sum(

@@ -156,7 +156,7 @@ def profile(args: argparse.Namespace, name: str, precision: str) -> dict[str, An
         parts["other"] = max(0.0, seconds - sum(parts.values()))
         result[row] = {
             "seconds": seconds,
-            "phases": dict(sorted(parts.items(), key=lambda kv: -kv[1])),
+            "phases": dict(_descending(parts)),
             "peak_gib": (
                 torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
             ),
@@ -168,6 +168,10 @@ def profile(args: argparse.Namespace, name: str, precision: str) -> dict[str, An
 def _group(key: str) -> str:
     """The phase family of a key: ``norms[Linear]`` → ``norms``."""
     return key.split("[", 1)[0]
+
+
+def _descending(values: dict[str, float]) -> list[tuple[str, float]]:
+    return sorted(values.items(), key=lambda kv: -kv[1])
 
 
 def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
@@ -207,7 +211,7 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         lines += [
             "",
             "By family (× non-private step): "
-            + ", ".join(f"{k} {v / base:.2f}" for k, v in sorted(families.items(), key=lambda kv: -kv[1]))
+            + ", ".join(f"{k} {v / base:.2f}" for k, v in _descending(families))
             + ".",
             "",
         ]
@@ -217,7 +221,8 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
                 f"{private['peak_gib']:.2f} GiB.",
                 "",
             ]
-    lines += [f"Machine: {meta['machine']}. Date: {meta['date']}. Command:", "", f"    {meta['command']}", ""]
+    lines += [f"Machine: {meta['machine']}. Date: {meta['date']}. Command:", ""]
+    lines += [f"    {meta['command']}", ""]
     return "\n".join(lines)
 
 
@@ -240,9 +245,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--device cuda: no CUDA device here")
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    device_name = (
-        torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {args.threads} threads"
-    )
+    device_name = f"CPU, {args.threads} threads"
+    if device.type == "cuda":
+        device_name = torch.cuda.get_device_name(device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for precision in args.precision:

@@ -28,8 +28,8 @@ from dpvision.mechanisms.adaptive_clipping import AdaptiveClipping
 from dpvision.mechanisms.noise import NoiseGenerator
 from dpvision.mechanisms.secure import noise_source
 from dpvision.per_example import CLIPPING_METHODS, ClippedGradientSum, clip_and_sum
-from dpvision.profiling import phase
 from dpvision.per_example.groups import GroupNorms
+from dpvision.profiling import phase
 from dpvision.training.buffers import BufferWatch
 
 RELEASED = "DP-SGD clipped gradient sum"

@@ -5,6 +5,8 @@ sum stay close to the float32 ones, every example's contribution stays within C,
 added example of huge norm moves the release by at most C.
 """
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812 (the usual PyTorch alias)
@@ -118,3 +120,33 @@ def test_placement_autocast_is_a_no_op_in_fp32_and_bf16_otherwise():
     assert torch.equal(state, torch.Generator().manual_seed(7).get_state())
     same = torch.randn(3, generator=torch.Generator().manual_seed(7))
     assert torch.equal(torch.randn(3, generator=fp32.generator(7)), same)
+
+
+def test_bf16_bookkeeping_is_verified_in_float32_where_autograd_sums_in_bf16():
+    """A LayerNorm behind a layer scale of 1e-6 (ConvNeXt's): its offset gradient is a sum
+    of many cancelling terms, which the CPU's bfloat16 LayerNorm backward adds in bfloat16.
+    Checked against that sum, book-keeping was refused as if the parameter were used outside
+    its layer; the first call is now verified in a float32 pass and the bf16 step runs."""
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dwconv = torch.nn.Conv2d(16, 16, 7, padding=3, groups=16)
+            self.norm = torch.nn.LayerNorm(16)
+            self.fc = torch.nn.Linear(16, 16)
+            self.gamma = torch.nn.Parameter(torch.full((16,), 1e-6))
+            self.head = torch.nn.Linear(16, 10)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.fc(self.norm(self.dwconv(x).permute(0, 2, 3, 1))) * self.gamma
+            return self.head((x + h.permute(0, 3, 1, 2)).mean((2, 3)))
+
+    torch.manual_seed(0)
+    model = Block()
+    x, y = torch.randn(32, 16, 16, 16), torch.randint(0, 10, (32,))
+    loss = functools.partial(F.cross_entropy, reduction="none")
+    got = clip_and_sum(
+        model, loss, x, y, max_grad_norm=1.0, method="bookkeeping", precision=torch.bfloat16
+    )
+    fp32 = clip_and_sum(model, loss, x, y, max_grad_norm=1.0, method="bookkeeping")
+    torch.testing.assert_close(got.norms, fp32.norms, rtol=0.05, atol=1e-6)

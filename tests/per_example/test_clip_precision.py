@@ -448,3 +448,41 @@ def test_exact_arithmetic_restores_random_mixes_of_the_legacy_and_new_apis():
         with exact_arithmetic():
             ieee_inside()
         assert observed_flags() == before
+
+
+@pytest.mark.parametrize(
+    "layer",
+    [nn.Linear(6, 5), nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 4, 5, padding=2, groups=4)],
+    ids=["linear", "conv", "depthwise"],
+)
+def test_bf16_per_example_gradients_are_kept_in_bf16_and_clipped_by_their_own_norms(layer):
+    """Under autocast a materialised layer forms its per-example gradients in bfloat16 (as
+    the kernels of the pass would), keeps that one tensor, and reads both the norms and the
+    clipped sum from it in float32: each example adds exactly scaleᵢ times the gradient
+    whose norm set scaleᵢ."""
+    from dpvision.per_example.layers import layer_terms
+
+    torch.manual_seed(3)
+    shape = (6,) if isinstance(layer, nn.Linear) else (layer.in_channels, 6, 6)
+    x = torch.randn(4, *shape)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer(x)
+    g = torch.randn_like(out)
+    terms = layer_terms(layer, [(x, g)], 1, "materialise")
+    kept = terms.per_example
+    assert kept is not None
+    assert kept.dtype == torch.bfloat16
+    assert not terms.calls  # the recorded pair is not kept beside it
+    assert terms.sq_norms.dtype == torch.float32
+    bias = g.float().flatten(2).sum(-1) if g.dim() > 2 else g.float()
+    own = kept.float().flatten(1).pow(2).sum(1) + bias.pow(2).sum(1)
+    torch.testing.assert_close(terms.sq_norms, own, rtol=1e-6, atol=0)
+    scale = torch.tensor([1.0, 0.5, 0.25, 0.0])
+    summed = terms.clipped_sum(scale, None)
+    expected = torch.tensordot(scale, kept.float(), dims=1)
+    if not getattr(terms, "natural", True):  # the dense rule's im2col column order
+        expected = terms.dense.unmatrix(expected)
+    torch.testing.assert_close(summed["weight"], expected.reshape(layer.weight.shape))
+    exact = layer_terms(layer, [(x.bfloat16().float(), g.float())], 1, "materialise")
+    gap = (terms.sq_norms - exact.sq_norms).abs() / exact.sq_norms
+    assert float(gap.max()) < 1e-2  # bfloat16 products rounded once per example

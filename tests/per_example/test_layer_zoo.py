@@ -278,11 +278,10 @@ def test_depthwise_gradients_by_a_forward_convolution_equal_the_grouped_kernel(c
     g = torch.randn_like(layer(x))
     fast = ConvTerms(layer, [(x, g)], views, "auto")
     padded, padding = fast._padded(x)
-    ((_, _, gg),) = fast.calls
     grouped = rule._weight_grad(  # the general path: the examples as groups of one kernel
         layer,
         padded.reshape(5, views, *padded.shape[1:]).transpose(0, 1).flatten(1, 2),
-        gg.reshape(5, views, *gg.shape[1:]).transpose(0, 1).flatten(1, 2),
+        g.reshape(5, views, *g.shape[1:]).transpose(0, 1).flatten(1, 2),
         padding,
         5 * layer.groups,
     ).reshape(5, *layer.weight.shape)

@@ -274,13 +274,13 @@ def _bookkeeping_sum(
             tape.set_edge_grads(grads[:edges])
         terms = []
         # The norms, and below the sums they clip, in IEEE float32 whatever the user's TF32,
-        # matmul-precision and autocast settings (dpvision.per_example.precision).
+        # matmul-precision and autocast settings (dpvision.per_example.precision); values
+        # recorded in a low precision are upcast exactly by layer_terms, or kept by the
+        # rules that materialise per-example gradients in it.
         with exact_arithmetic(flat.device):
             for path, module, calls in tape.calls():
                 if any(n != batch * k for call in calls for n in tape.rows(module, call)):
                     raise UnsupportedError(f"layer {path or 'root'} did not see one row per view")
-                if low:  # norms and sums from the recorded values, in float32
-                    calls = [float32_calls(call) for call in calls]
                 # A rule that recomputes its layer must not be recorded.
                 with tape.paused(), phase(f"norms[{type(module).__name__}]"):
                     terms.append((path, layer_terms(module, calls, k, strategy)))
@@ -450,29 +450,6 @@ def clip_and_sum(
                 raise DPVisionError(f"book-keeping clipping does not support {reason}") from None
 
     return clipped_gradient_sum(*batch, **how)
-
-
-def low_precision(value: Any) -> bool:
-    """Whether ``value`` (a tensor, or tuples, lists and dicts of them) holds a floating
-    tensor below float32, as a pass under autocast records."""
-    if isinstance(value, torch.Tensor):
-        return value.is_floating_point() and value.element_size() < 4
-    if isinstance(value, tuple | list):
-        return any(low_precision(v) for v in value)
-    if isinstance(value, dict):
-        return any(low_precision(v) for v in value.values())
-    return False
-
-
-def float32_calls(value: Any) -> Any:
-    """``value`` with every low-precision floating tensor in it upcast to float32 (exact)."""
-    if isinstance(value, torch.Tensor):
-        return value.float() if low_precision(value) else value
-    if isinstance(value, tuple | list):
-        return type(value)(float32_calls(v) for v in value)
-    if isinstance(value, dict):
-        return {k: float32_calls(v) for k, v in value.items()}
-    return value
 
 
 def bookkeeping_clipped_gradient_sum(

@@ -45,7 +45,7 @@ from torch import nn
 from torch.func import grad_and_value, vmap
 
 from dpvision.errors import DPVisionError
-from dpvision.per_example.bookkeeping import float32_calls
+from dpvision.per_example.layers import float32_calls
 
 REFUSED = (
     "the loss's gradient at the model's output is not that of a plain {reduction} of "

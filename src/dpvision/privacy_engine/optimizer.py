@@ -13,15 +13,9 @@ from dpvision.accounting import PrivacyLedger
 from dpvision.errors import DPVisionError
 from dpvision.mechanisms.adaptive_clipping import AdaptiveClipping
 from dpvision.mechanisms.noise import NoiseGenerator
-from dpvision.per_example.bookkeeping import (
-    clip_terms,
-    float32_calls,
-    low_precision,
-    trainable_params,
-    unclipped_mismatch,
-)
+from dpvision.per_example.bookkeeping import clip_terms, trainable_params, unclipped_mismatch
 from dpvision.per_example.groups import GroupNorms
-from dpvision.per_example.layers import layer_terms
+from dpvision.per_example.layers import layer_terms, low_precision
 from dpvision.per_example.layers.base import output_tensors
 from dpvision.per_example.precision import exact_arithmetic
 from dpvision.per_example.reference import ClippedGradientSum
@@ -341,10 +335,9 @@ class DPOptimizer(torch.optim.Optimizer):
     def _clip(self, calls: list[Any], captured: Any, batch: int) -> None:
         """The clipped sum of one recorded pass, added to :attr:`summed`."""
         tape = self.tape
-        # A forward pass under autocast recorded low-precision values: upcast them (exactly),
-        # so that the norms and the sum are float32 like the parameters.
+        # A forward pass under autocast recorded low-precision values; layer_terms upcasts
+        # them or hands them to a rule that keeps norms and sums consistent in float32.
         low = any(low_precision(pairs) for _, _, pairs in calls)
-        calls = [(path, module, [float32_calls(c) for c in pairs]) for path, module, pairs in calls]
         try:
             with tape.paused():  # a rule that recomputes its layer must not be recorded
                 terms = [

@@ -64,6 +64,8 @@ from dpvision.per_example.layers.base import (
     Rule,
     Strategy,
     UnsupportedError,
+    float32_calls,
+    low_precision,
     output_tensors,
     register_rule,
     sum_calls,
@@ -89,10 +91,12 @@ __all__ = [
     "conv",
     "dense",
     "embedding",
+    "float32_calls",
     "group_norm",
     "instance_norm",
     "layer_norm",
     "layer_terms",
+    "low_precision",
     "output_tensors",
     "prelu",
     "register_rule",
@@ -176,7 +180,14 @@ def layer_terms(
         than one when the layer is shared); leading dimension B·K.
       views: K, the number of consecutive rows that belong to one example.
       strategy: ``ghost`` or ``materialise`` to force the norm computation (tests).
+
+    Values recorded in a precision below float32 (a pass under autocast) are upcast to
+    float32 (exactly) before the rule sees them, unless the rule takes them as they are
+    (:attr:`Rule.low_precision`); the terms' norms and sums are float32 either way.
     """
-    terms = rule_of(module).terms(module, calls, views, strategy)
+    rule = rule_of(module)
+    if not rule.low_precision:  # values recorded under autocast, upcast exactly
+        calls = [float32_calls(call) for call in calls]
+    terms = rule.terms(module, calls, views, strategy)
     terms.kind = type(module).__name__
     return terms

@@ -89,9 +89,35 @@ def position_sums(g: torch.Tensor, values: torch.Tensor, size: int) -> torch.Ten
 
 
 def sq_rows(rows: torch.Tensor) -> torch.Tensor:
-    """Squared L2 norm of each row (B, ...) → (B,), without a squared temporary."""
-    norms: torch.Tensor = torch.linalg.vector_norm(rows.reshape(rows.shape[0], -1), dim=1)
+    """Squared L2 norm of each row (B, ...) → (B,), without a squared temporary; rows in a
+    low precision are summed in float32 (each bfloat16 is a float32: exact inputs)."""
+    flat = rows.reshape(rows.shape[0], -1)
+    dtype = torch.float32 if low_precision(rows) else None
+    norms: torch.Tensor = torch.linalg.vector_norm(flat, dim=1, dtype=dtype)
     return norms.pow(2)
+
+
+def low_precision(value: Any) -> bool:
+    """Whether ``value`` (a tensor, or tuples, lists and dicts of them) holds a floating
+    tensor below float32, as a pass under autocast records."""
+    if isinstance(value, torch.Tensor):
+        return value.is_floating_point() and value.element_size() < 4
+    if isinstance(value, tuple | list):
+        return any(low_precision(v) for v in value)
+    if isinstance(value, dict):
+        return any(low_precision(v) for v in value.values())
+    return False
+
+
+def float32_calls(value: Any) -> Any:
+    """``value`` with every low-precision floating tensor in it upcast to float32 (exact)."""
+    if isinstance(value, torch.Tensor):
+        return value.float() if low_precision(value) else value
+    if isinstance(value, tuple | list):
+        return type(value)(float32_calls(v) for v in value)
+    if isinstance(value, dict):
+        return {k: float32_calls(v) for k, v in value.items()}
+    return value
 
 
 def trainable(param: torch.Tensor | None) -> bool:
@@ -121,12 +147,18 @@ class Rule:
         instead of ``(input, output grad)`` (see :mod:`~dpvision.per_example.tape`).
       with_output: the tape also keeps each call's output (if not changed in place later):
         calls are ``((input, output or None), output grad)``.
+      low_precision: the rule takes values recorded under autocast as they are (else
+        :func:`~dpvision.per_example.layers.layer_terms` upcasts them to float32 first). It
+        must then keep the norms and the sum consistent: per-example gradients formed in
+        the low precision are kept, their norms and their clipped sum both read from that
+        one tensor in float32; everything else is computed from the upcast values.
     """
 
     terms: "TermsFactory"
     check: Callable[[nn.Module], str | None]
     unit: bool = False
     with_output: bool = False
+    low_precision: bool = False
 
 
 RULES: dict[type[nn.Module], Rule] = {}
@@ -139,13 +171,14 @@ def register_rule(
     check: Callable[[nn.Module], str | None] = lambda _: None,
     unit: bool = False,
     with_output: bool = False,
+    low_precision: bool = False,
 ) -> Callable[[TermsFactory], TermsFactory]:
     """Decorator of a :class:`LayerTerms` class (or a function returning one): it handles
     modules of exactly these types (not subclasses, whose ``forward`` may differ)."""
 
     def register(terms: TermsFactory) -> TermsFactory:
         for layer_type in layer_types:
-            RULES[layer_type] = Rule(terms, check, unit, with_output)
+            RULES[layer_type] = Rule(terms, check, unit, with_output, low_precision)
         return terms
 
     return register
@@ -189,3 +222,17 @@ class SmallRowsTerms(LayerTerms):
                 rows = rows.masked_fill(drop[:, None], 0)
             out[name] = (scale.to(rows.dtype) @ rows).reshape(self.shapes[name])
         return out
+
+
+def kernel_precision(x: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A layer's input and output gradient in the dtype its kernels ran in: the output
+    gradient's when that is below float32 (autocast then cast the input to it: the same
+    rounding again), else float32 for both (an exact upcast)."""
+    if low_precision(g):
+        return x.to(g.dtype), g
+    return float32_pair(x, g)
+
+
+def float32_pair(x: torch.Tensor, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A layer's input and output gradient in float32 (an exact upcast of lower precisions)."""
+    return float32_calls(x), float32_calls(g)

@@ -12,6 +12,7 @@ norms are formed directly; the clipped sum is one more weight-gradient kernel wi
 output gradient scaled by its factor (or the kept per-example gradients, when they fit).
 """
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,7 +24,10 @@ from dpvision.per_example.layers.base import (
     Call,
     LayerTerms,
     Strategy,
+    float32_calls,
+    float32_pair,
     grouped,
+    kernel_precision,
     register_rule,
     row_mask,
     sq_rows,
@@ -33,6 +37,8 @@ from dpvision.per_example.layers.base import (
 from dpvision.per_example.layers.dense import DenseTerms
 
 _Conv = nn.Conv1d | nn.Conv2d | nn.Conv3d
+# (input, output gradient) → the same in the dtype to compute in.
+Pair = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 def _weight_grad(
@@ -97,17 +103,21 @@ class ConvTerms(LayerTerms):
         sq = weight.new_zeros(batch)
         self.bias_rows: torch.Tensor | None = None
         if trainable(module.bias):
-            self.bias_rows = sum_calls(grouped(g.flatten(2).sum(-1), views) for _, g in calls)
+            self.bias_rows = sum_calls(
+                grouped(float32_calls(g).flatten(2).sum(-1), views) for _, g in calls
+            )
             sq = sq + sq_rows(self.bias_rows)
         self.per_example: torch.Tensor | None = None
         self.train_weight = trainable(weight)
         if self.train_weight:
             size = weight.numel() * weight.element_size()
             chunk = max(1, MATERIALISE_BYTES // size)
-            if batch <= chunk:
-                self.per_example = self._per_example(0, batch)
+            if batch <= chunk:  # kept: formed in the layer's precision, read in float32
+                self.per_example = self._per_example(0, batch, kernel_precision)
                 sq = sq + sq_rows(self.per_example)
-            else:  # norms chunk by chunk; the clipped sum is recomputed with scaled rows
+                self.calls = []  # the sum reads per_example
+            else:  # norms chunk by chunk; the clipped sum is recomputed with scaled rows,
+                # both in float32 so that the norms are those of what the sum adds
                 sq = sq + torch.cat(
                     [sq_rows(self._per_example(s, s + chunk)) for s in range(0, batch, chunk)]
                 )
@@ -122,13 +132,20 @@ class ConvTerms(LayerTerms):
             return F.pad(x, module._reversed_padding_repeated_twice, mode=mode), (0,) * dims
         return x, tuple(int(p) for p in module.padding)
 
-    def _per_example(self, start: int, stop: int) -> torch.Tensor:
-        """(b, *weight shape) per-example weight gradients of examples [start, stop)."""
+    def _per_example(
+        self,
+        start: int,
+        stop: int,
+        precision: "Callable[[torch.Tensor, torch.Tensor], Any]" = float32_pair,
+    ) -> torch.Tensor:
+        """(b, *weight shape) per-example weight gradients of examples [start, stop), from
+        the (input, output gradient) pairs in ``precision`` (default: float32)."""
         module, views = self.module, self.views
         groups = module.groups
         total: torch.Tensor | None = None
         for x, padding, g in self.calls:
             x, g = x[start * views : stop * views], g[start * views : stop * views]
+            x, g = precision(x, g)
             b = x.shape[0] // views
             if groups == module.in_channels:
                 part = _depthwise_grads(module, x, g, padding, views)
@@ -153,7 +170,7 @@ class ConvTerms(LayerTerms):
         if not self.train_weight:
             return out
         if self.per_example is not None:
-            per_example = self.per_example
+            per_example = float32_calls(self.per_example)
             if drop is not None:
                 per_example = per_example.masked_fill(row_mask(drop, 1, per_example), 0)
             out["weight"] = torch.tensordot(scale.to(per_example.dtype), per_example, dims=1)
@@ -161,6 +178,7 @@ class ConvTerms(LayerTerms):
         row_scale = scale.repeat_interleave(self.views)
         total: Any = 0
         for x, padding, g in self.calls:
+            x, g = float32_calls(x), float32_calls(g)
             g = g * row_scale.to(g.dtype).view(-1, *[1] * (g.dim() - 1))
             if drop is not None:
                 g = g.masked_fill(row_mask(drop, self.views, g), 0)
@@ -174,7 +192,7 @@ def _dense_ready(module: nn.Module) -> bool:
     return isinstance(module, nn.Conv2d) and module.groups == 1 and module.padding_mode == "zeros"
 
 
-@register_rule(nn.Conv1d, nn.Conv2d, nn.Conv3d)
+@register_rule(nn.Conv1d, nn.Conv2d, nn.Conv3d, low_precision=True)
 def conv_terms(module: nn.Module, calls: list[Call], views: int, strategy: Strategy) -> LayerTerms:
     """Dense rule (ghost norms) for plain Conv2d, grouped-kernel rule for the others."""
     if _dense_ready(module):

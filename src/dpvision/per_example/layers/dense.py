@@ -21,7 +21,9 @@ from dpvision.per_example.layers.base import (
     Call,
     LayerTerms,
     Strategy,
+    float32_calls,
     grouped,
+    kernel_precision,
     register_rule,
     row_mask,
     sq_rows,
@@ -325,7 +327,7 @@ class _PixelGhost:
         return self.convolve(ones)[..., 0]
 
 
-@register_rule(nn.Linear)
+@register_rule(nn.Linear, low_precision=True)
 class DenseTerms(LayerTerms):
     """Linear, Conv2d and WSConv2d layers.
 
@@ -350,7 +352,9 @@ class DenseTerms(LayerTerms):
         p, d = weight.shape[0], weight[0].numel()
         batch = calls[0][0].shape[0] // views
         positions = views * sum(self.dense.positions(g) for _, g in calls)
-        self.output = outputs[0] if outputs is not None and len(outputs) == 1 else None
+        self.output = (
+            float32_calls(outputs[0]) if outputs is not None and len(outputs) == 1 else None
+        )
         # Costs per example, T positions: materialising T·p·d (on kernels about half as fast
         # as the dense product the ghost sum takes afterwards), ghost norms T²·(p + d) from
         # im2col rows or (K·Hp·Wp)²·C + T²·(p + kh·kw) from the pixels.
@@ -373,13 +377,18 @@ class DenseTerms(LayerTerms):
         sq = weight.new_zeros(batch)
         self.bias_rows: torch.Tensor | None = None
         if self.train_bias:
-            self.bias_rows = sum_calls(self.dense.bias_rows(g, views) for _, g in calls)
+            self.bias_rows = sum_calls(
+                self.dense.bias_rows(float32_calls(g), views) for _, g in calls
+            )
             sq = sq + sq_rows(self.bias_rows)
+        # Per-example weight gradients, kept: formed in the precision the layer ran in (a
+        # bfloat16 product of bfloat16 values, accumulated in float32), their norms and
+        # their clipped sum read in float32 from this one tensor.
         self.per_example: torch.Tensor | None = None
         self.natural = False  # whether per_example's columns are (C_in, kh, kw), not im2col's
         if self.train_weight or self.train_gain:
             if self.materialise:
-                parts = [self.dense.per_example(x, g, views) for x, g in calls]
+                parts = [self.dense.per_example(*kernel_precision(x, g), views) for x, g in calls]
                 # Mixed orders (calls on different image sizes) all go to the weight's own.
                 self.natural = any(natural for _, natural in parts)
                 self.per_example = sum_calls(
@@ -387,11 +396,12 @@ class DenseTerms(LayerTerms):
                     for part, natural in parts
                 )
                 sq = sq + self._materialised_sq(self.per_example)
+                self.calls = []  # the sum reads per_example
             elif self.pixel:
-                ((x, g),) = calls
+                ((x, g),) = float32_calls(calls)
                 sq = sq + self._ghost_sq(_PixelGhost(self.dense, x, g, views))
             else:
-                sq = sq + self._ghost_sq(_Im2colGhost(self.dense, calls, views))
+                sq = sq + self._ghost_sq(_Im2colGhost(self.dense, float32_calls(calls), views))
         self.sq_norms = sq
 
     def _pixel_cost(self, calls: list[Call], views: int, positions: int, p: int) -> float:
@@ -435,6 +445,7 @@ class DenseTerms(LayerTerms):
     def _materialised_sq(self, per_example: torch.Tensor) -> torch.Tensor:
         if self.ws is None:
             return sq_rows(per_example)
+        per_example = float32_calls(per_example)
         # ‖∂w‖² = Σₒ (γₒ/sₒ)²(‖Gₒ‖² − (Σ Gₒ)²/d − liveₒ⟨Gₒ, w̃ₒ⟩²): the projection removes
         # the orthonormal directions 1/√d and w̃ₒ (w̃ₒ ⟂ 1, ‖w̃ₒ‖ = 1 when live), so no
         # (B, p, d) temporary is needed.
@@ -496,7 +507,7 @@ class DenseTerms(LayerTerms):
         if not (self.train_weight or self.train_gain):
             return out
         if self.per_example is not None:
-            per_example = self.per_example
+            per_example = float32_calls(self.per_example)
             if drop is not None:
                 per_example = per_example.masked_fill(drop[:, None, None], 0)
             grad_hat = torch.tensordot(scale.to(per_example.dtype), per_example, dims=1)
@@ -504,7 +515,7 @@ class DenseTerms(LayerTerms):
         else:
             row_scale = scale.repeat_interleave(self.views)
             grad_hat = 0
-            for x, g in self.calls:
+            for x, g in float32_calls(self.calls):
                 g = g * row_scale.to(g.dtype).view(-1, *[1] * (g.dim() - 1))
                 if drop is not None:
                     g = g.masked_fill(row_mask(drop, self.views, g), 0)
@@ -524,7 +535,7 @@ class DenseTerms(LayerTerms):
         return out
 
 
-@register_rule(WSConv2d, with_output=True)
+@register_rule(WSConv2d, with_output=True, low_precision=True)
 def ws_conv_terms(
     module: nn.Module, calls: list[Call], views: int, strategy: Strategy
 ) -> LayerTerms:

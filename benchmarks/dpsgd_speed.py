@@ -48,8 +48,11 @@ the difference is what the step itself added. On CUDA it is ``torch.cuda.max_mem
 over the steps. ``--no-isolation`` runs every row in this process instead (faster, for smoke
 tests): CPU peaks are then the process's running peak and are marked as not per row.
 
+* ``timm`` (``--only timm``, needs the models extra): timm's ``vit_small_patch16_224``,
+  ``convnext_tiny`` and ``resnet50`` (BatchNorm → GroupNorm) at 3×224×224, B = 8 on the CPU.
 * ``gpu`` (``--only gpu``, for an accelerator): the seed-003 setting of Table 13, WRN-16-4
-  on 3×32×32 at B = 4096 with K = 16 views, and the ViT and ConvNeXt models at B = 1024; with
+  on 3×32×32 at B = 4096 with K = 16 views, the ViT and ConvNeXt models at B = 1024 and
+  the three timm models at 3×224×224, B = 256 (reported as not available without timm); with
   ``--physical-batch auto`` (its default) each row probes the largest micro-batch that fits
   (halving from B on out-of-memory; recorded per row). The WRN row also shows the projected
   wall time of the full run (875 logical steps). The result files are named after the device
@@ -118,7 +121,7 @@ LABELS = {
     "opacus-ghost-views-as-examples": "Opacus ghost, B·K views as examples (different)",
 }
 VIEWS_AS_EXAMPLES = "-views-as-examples"
-ONLY = ("cnn", "wrn", "vit", "convnext", "gpu")
+ONLY = ("cnn", "wrn", "vit", "convnext", "timm", "gpu")
 FULL_RUN_STEPS = 875  # seed 003, Table 13: WRN-16-4 on CIFAR-10, B = 4096, K = 16
 AUTO = 0  # physical_batch: probe the largest micro-batch that fits
 _START = time.perf_counter()
@@ -253,14 +256,43 @@ def setups(args: argparse.Namespace) -> list[Setup]:
         "wrn": wrn,
         "vit": transformers[:1],
         "convnext": transformers[1:],
+        "timm": timm_setups(batch=2 if args.quick else 8, physical=2 if args.quick else 8),
         None: [cnn, *wrn, *transformers],
     }
     return chosen[args.only]
 
 
+# The models people fine-tune, at 224²: timm's ViT-S/16, ConvNeXt-T and ResNet-50 (its
+# BatchNorm replaced by GroupNorm), random weights (needs the models extra).
+TIMM_MODELS = {
+    "vit-s16": ("timm:vit_small_patch16_224", "timm vit_small_patch16_224"),
+    "convnext-t": ("timm:convnext_tiny", "timm convnext_tiny"),
+    "resnet50-gn": ("timm:resnet50", "timm resnet50, BatchNorm → GroupNorm"),
+}
+
+
+def timm_setups(batch: int, physical: int) -> list[Setup]:
+    """The three timm rows at 3×224×224 with B = ``batch`` (``physical``: micro-batch, or
+    ``AUTO``)."""
+    return [
+        Setup(
+            name=name,
+            description=f"{label}, 3×224×224, B = {batch}",
+            model=model,
+            image_shape=(3, 224, 224),
+            batch_size=batch,
+            views=1,
+            physical_batch=physical,
+            num_examples=50_000,
+        )
+        for name, (model, label) in TIMM_MODELS.items()
+    ]
+
+
 def gpu_setups(args: argparse.Namespace) -> list[Setup]:
-    """The accelerator table: seed 003's WRN-16-4 at B = 4096, K = 16, and the ViT and
-    ConvNeXt models at B = 1024 (tiny versions with ``--quick``)."""
+    """The accelerator table: seed 003's WRN-16-4 at B = 4096, K = 16, the ViT and ConvNeXt
+    models at B = 1024 (tiny versions with ``--quick``), and the timm models at 224² with
+    B = 256 (B = 2 with ``--quick``)."""
     physical = AUTO if args.physical_batch == "auto" else int(args.physical_batch)
     quick = args.quick
     batch = 8 if quick else 1024
@@ -300,6 +332,7 @@ def gpu_setups(args: argparse.Namespace) -> list[Setup]:
             physical_batch=physical,
             num_examples=50_000,
         ),
+        *timm_setups(batch=2 if quick else 256, physical=physical),
     ]
 
 
@@ -308,6 +341,10 @@ def build_model(name: str) -> torch.nn.Module:
     "convnext-DEPTH" (3×32×32, :mod:`speed_models`)."""
     from dpvision.models import tanh_cnn, wide_resnet
 
+    if name.startswith("timm:"):  # BatchNorm → GroupNorm, validated for DP-SGD
+        from dpvision.models.registry import build_model as build_dpvision
+
+        return build_dpvision(name, (3, 224, 224), 10)
     if name == "tanh-cnn":
         return tanh_cnn((1, 28, 28), num_classes=10)
     if name.startswith(("vit-", "convnext-")):
@@ -346,6 +383,8 @@ def unavailable(row: str, setup: Setup) -> tuple[str, str] | None:
 
     Checked in the parent, so that a row that cannot run costs no child process.
     """
+    if setup.model.startswith("timm:") and importlib.util.find_spec("timm") is None:
+        return "not available", "timm not installed (pip install -c constraints.txt -e '.[models]')"
     if row.startswith("opacus"):
         if row.endswith(VIEWS_AS_EXAMPLES) and setup.views == 1:
             return "skipped", "K = 1: the plain Opacus row is the same computation"

@@ -376,3 +376,38 @@ def test_per_example_gradients_of_calls_in_different_orders_add_up(views):
         model, LOSS, x, y, max_grad_norm=0.1, views=bool(views), mask=None, strategy="materialise"
     )
     _assert_same(got, expected)
+
+
+def test_dense_layers_terms_are_computed_and_their_records_freed_during_the_backward():
+    """The tape calls on_ready as each layer's output gradient arrives, last layer first;
+    book-keeping computes a dense layer's terms there and forgets its input and output
+    gradient, so that they are freed as the backward pass goes on, not at its end."""
+    from dpvision.per_example import bookkeeping
+    from dpvision.per_example.tape import ActivationTape
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(1, 4, 3), nn.Tanh(), nn.Conv2d(4, 4, 3), nn.Flatten(), nn.Linear(64, 3)
+    )
+    x, y = torch.randn(5, 1, 8, 8), torch.randint(0, 3, (5,))
+    seen: list[tuple[str, bool, int]] = []  # (layer, in the backward pass, inputs held)
+    original = ActivationTape.forget
+
+    def forget(tape, module):
+        held = sum(len(v) for v in tape.inputs.values())
+        backward = torch._C._current_autograd_node() is not None
+        seen.append((type(module).__name__, backward, held))
+        original(tape, module)
+
+    ActivationTape.forget = forget
+    try:
+        got = bookkeeping.clip_and_sum(model, LOSS, x, y, max_grad_norm=0.5, method="bookkeeping")
+    finally:
+        ActivationTape.forget = original
+    # Last layer first, each forgotten as soon as its gradient came: records shrink.
+    assert [name for name, _, _ in seen] == ["Linear", "Conv2d", "Conv2d"]
+    assert all(backward for _, backward, _ in seen)
+    assert [held for _, _, held in seen] == [3, 2, 1]
+    expected = clipped_gradient_sum(model, LOSS, x, y, max_grad_norm=0.5)
+    for name, grad in expected.grads.items():
+        torch.testing.assert_close(got.grads[name], grad, rtol=1e-5, atol=1e-6)

@@ -45,10 +45,12 @@ from dpvision.mechanisms import clipping
 from dpvision.per_example import batch_layout
 from dpvision.per_example.groups import GroupNorms, group_of
 from dpvision.per_example.layers import (
+    Call,
     LayerTerms,
     Strategy,
     claims,
     layer_terms,
+    rule_of,
 )
 from dpvision.per_example.precision import autocast_enabled, exact_arithmetic
 from dpvision.per_example.reference import ClippedGradientSum, autocast, clipped_gradient_sum
@@ -267,34 +269,90 @@ def _bookkeeping_sum(
         names = list(params) if verify is not None else []
         edges = len(tape.edges)
         sources = [*tape.edges, *(params[name] for name in names)]
-        grads: tuple[torch.Tensor | None, ...] = ()
+        whole: tuple[torch.Tensor | None, ...] = ()
+        terms = _LayerTermsOf(tape, batch * k, k, strategy, flat.device)
         if sources:
+            tape.on_ready = terms.as_ready  # dense layers' terms during the backward pass
             with phase("backward"):
                 grads = torch.autograd.grad(total, sources, allow_unused=True)
+            tape.on_ready = None
+            terms.raise_failure()
             tape.set_edge_grads(grads[:edges])
-        terms = []
-        # The norms, and below the sums they clip, in IEEE float32 whatever the user's TF32,
-        # matmul-precision and autocast settings (dpvision.per_example.precision); values
-        # recorded in a low precision are upcast exactly by layer_terms, or kept by the
-        # rules that materialise per-example gradients in it.
-        with exact_arithmetic(flat.device):
-            for path, module, calls in tape.calls():
-                if any(n != batch * k for call in calls for n in tape.rows(module, call)):
-                    raise UnsupportedError(f"layer {path or 'root'} did not see one row per view")
-                # A rule that recomputes its layer must not be recorded.
-                with tape.paused(), phase(f"norms[{type(module).__name__}]"):
-                    terms.append((path, layer_terms(module, calls, k, strategy)))
+            whole = grads[edges:]
+            del grads  # the output gradients of layers whose terms are done: freed
+        found = terms.all()
     with exact_arithmetic(flat.device):
         if verify is not None:
-            true = dict(zip(names, grads[edges:], strict=True))
+            true = dict(zip(names, whole, strict=True))
             with phase("verify"):
-                reason = unclipped_mismatch(terms, true, batch)
+                reason = unclipped_mismatch(found, true, batch)
             if reason is not None:
                 _VERDICTS[model][verify] = reason
                 raise UnsupportedError(reason)
         return clip_terms(
-            terms, params, batch, max_grad_norm=max_grad_norm, mask=mask, groups=groups
+            found, params, batch, max_grad_norm=max_grad_norm, mask=mask, groups=groups
         )
+
+
+class _LayerTermsOf:
+    """Each recorded layer's terms, computed in the backward pass as soon as the layer's
+    output gradients are all there (dense and convolution rules: their inputs and output
+    gradients are then freed as the backward goes on, not held to its end), or after it.
+
+    The norms, and later the sums they clip, are computed in IEEE float32 whatever the
+    user's TF32, matmul-precision and autocast settings (dpvision.per_example.precision);
+    values recorded in a low precision are upcast exactly by layer_terms, or kept by the
+    rules that materialise per-example gradients in it.
+    """
+
+    def __init__(
+        self,
+        tape: ActivationTape,
+        rows: int,
+        views: int,
+        strategy: Strategy,
+        device: torch.device,
+    ) -> None:
+        self.tape, self.rows, self.views = tape, rows, views
+        self.strategy, self.device = strategy, device
+        self.paths = {module: path for path, module in tape.layers}
+        self.done: dict[nn.Module, LayerTerms] = {}
+        self.failure: BaseException | None = None
+
+    def _terms(self, path: str, module: nn.Module, calls: list[Call]) -> LayerTerms:
+        tape = self.tape
+        if any(n != self.rows for call in calls for n in tape.rows(module, call)):
+            raise UnsupportedError(f"layer {path or 'root'} did not see one row per view")
+        # A rule that recomputes its layer must not be recorded.
+        with tape.paused(), phase(f"norms[{type(module).__name__}]"):
+            return layer_terms(module, calls, self.views, self.strategy)
+
+    def as_ready(self, module: nn.Module) -> None:
+        """The tape's on_ready: a dense or convolution layer's terms, now."""
+        if self.failure is not None or not rule_of(module).low_precision:
+            return
+        try:
+            path = self.paths[module]
+            with exact_arithmetic(self.device):
+                self.done[module] = self._terms(path, module, self.tape.calls_of(path, module))
+            self.tape.forget(module)
+        except BaseException as error:  # raised after the backward pass, by raise_failure
+            self.failure = error
+
+    def raise_failure(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+
+    def all(self) -> list[tuple[str, LayerTerms]]:
+        """(path, terms) of every layer with a gradient, in the model's order."""
+        found = []
+        with exact_arithmetic(self.device):
+            for path, module in self.tape.layers:
+                if module in self.done:
+                    found.append((path, self.done[module]))
+                elif calls := self.tape.calls_of(path, module):
+                    found.append((path, self._terms(path, module, calls)))
+        return found
 
 
 # Per model: for each call signature, None once book-keeping was verified, else the reason

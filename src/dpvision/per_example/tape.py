@@ -72,6 +72,11 @@ class ActivationTape:
     :class:`~dpvision.privacy_engine.PrivacyEngine` uses). Calls made without autograd
     (``torch.no_grad()``, evaluation) are not recorded.
 
+    In ``edges`` mode, :attr:`on_ready` (if set before the backward pass) is called with a
+    module as soon as every watched output of all its calls has its gradient, while the
+    backward pass goes on: the caller can compute that layer's terms and :meth:`forget` its
+    records, so that its inputs are freed as the backward passes instead of at its end.
+
     Args:
       model: the model whose layers to watch.
       mode: ``"edges"`` or ``"hooks"``.
@@ -101,6 +106,10 @@ class ActivationTape:
         # Whole gradients of the parameters, captured on passes that verify book-keeping.
         self.parameter_grads: dict[str, torch.Tensor] | None = None
         self._parameter_handles: list[Any] = []
+        # Edges mode: watched outputs still without a gradient, per module; on_ready.
+        self._waiting: dict[nn.Module, int] = defaultdict(int)
+        self.on_ready: Callable[[nn.Module], None] | None = None
+        self._forgotten: set[nn.Module] = set()
 
     def attach(self) -> None:
         """Registers the forward hooks (idempotent)."""
@@ -130,6 +139,8 @@ class ActivationTape:
         self.call_pass.clear()
         self.pass_rows = []
         self.edges, self._edge_owners = [], []
+        self._waiting.clear()
+        self._forgotten.clear()
         for handle in self._parameter_handles:
             handle.remove()
         self._parameter_handles, self.parameter_grads = [], None
@@ -197,6 +208,10 @@ class ActivationTape:
         if self.mode == "edges":
             self.edges.append(get_gradient_edge(tensor))
             self._edge_owners.append((module, index, slot))
+            self._waiting[module] += 1
+            # Fires with the gradient of this very output (also if it is changed in place
+            # later), also when the output is one of autograd.grad's inputs.
+            tensor.register_hook(lambda grad: self._arrived(module, index, slot, grad))  # type: ignore[no-untyped-call]
         else:
             tensor.register_hook(lambda grad: self._store(module, index, slot, grad))  # type: ignore[no-untyped-call]
 
@@ -255,14 +270,31 @@ class ActivationTape:
         grad = grad.detach()
         slots[slot] = grad if previous is None else previous + grad
 
+    def _arrived(self, module: nn.Module, index: int, slot: int, grad: torch.Tensor) -> None:
+        """Edges mode: a watched output's gradient, during the backward pass."""
+        if module in self._forgotten:
+            return
+        slots = self.grads[module].setdefault(index, {})
+        if slot not in slots:
+            self._waiting[module] -= 1
+        slots[slot] = grad.detach()
+        if self._waiting[module] == 0 and self.on_ready is not None:
+            self.on_ready(module)
+
+    def forget(self, module: nn.Module) -> None:
+        """Drops what was recorded of ``module``'s calls (its terms were computed)."""
+        self._forgotten.add(module)
+        self.inputs.pop(module, None)
+        self.grads.pop(module, None)
+
     def set_edge_grads(self, grads: tuple[torch.Tensor | None, ...]) -> None:
         """Stores the result of ``torch.autograd.grad(loss, self.edges, allow_unused=True)``."""
         for (module, index, slot), grad in zip(self._edge_owners, grads, strict=True):
-            if grad is not None:
+            if grad is not None and module not in self._forgotten:
                 self.grads[module].setdefault(index, {})[slot] = grad.detach()
 
     def calls(self) -> Iterator[tuple[str, nn.Module, list[Call]]]:
-        """(path, module, calls) for each claimed module with a gradient.
+        """(path, module, calls) for each claimed module with a gradient (and not forgotten).
 
         A call is ``(input, output gradient)`` for a layer (``((input, output or None),
         output gradient)`` if its rule reads the output), ``((args, kwargs), {slot:
@@ -273,31 +305,36 @@ class ActivationTape:
             the layer used it (its recorded activation would be wrong).
         """
         for path, module in self.layers:
-            inputs, grads = self.inputs.get(module, []), self.grads.get(module, {})
-            kind, where = self.kinds[module], path or "the root"
-            pairs: list[Call] = []
-            for index, slots in sorted(grads.items()):
-                record = inputs[index]
-                if kind == "free":
-                    pairs.append((record, tuple(slots.get(i) for i in range(len(record)))))
-                    continue
-                if record is None:
-                    raise UnsupportedError(f"a call of {where} without an input tensor")
-                if kind == "layer":
-                    if record[0]._version != record[1]:
-                        raise UnsupportedError(f"an input of {where} modified in place after use")
-                    if module in self.with_outputs:  # an output changed in place is not given
-                        kept = record[2] if record[2]._version == record[3] else None
-                        pairs.append(((record[0], kept), slots[0]))
-                    else:
-                        pairs.append((record[0], slots[0]))
-                    continue
-                args, kwargs, versions = record
-                if any(tensor._version != version for tensor, version in versions):
-                    raise UnsupportedError(f"an input of {where} modified in place after use")
-                pairs.append(((args, kwargs), slots))
+            pairs = self.calls_of(path, module)
             if pairs:
                 yield path, module, pairs
+
+    def calls_of(self, path: str, module: nn.Module) -> list[Call]:
+        """The calls of one module (see :meth:`calls`; raises the same errors)."""
+        inputs, grads = self.inputs.get(module, []), self.grads.get(module, {})
+        kind, where = self.kinds[module], path or "the root"
+        pairs: list[Call] = []
+        for index, slots in sorted(grads.items()):
+            record = inputs[index]
+            if kind == "free":
+                pairs.append((record, tuple(slots.get(i) for i in range(len(record)))))
+                continue
+            if record is None:
+                raise UnsupportedError(f"a call of {where} without an input tensor")
+            if kind == "layer":
+                if record[0]._version != record[1]:
+                    raise UnsupportedError(f"an input of {where} modified in place after use")
+                if module in self.with_outputs:  # an output changed in place is not given
+                    kept = record[2] if record[2]._version == record[3] else None
+                    pairs.append(((record[0], kept), slots[0]))
+                else:
+                    pairs.append((record[0], slots[0]))
+                continue
+            args, kwargs, versions = record
+            if any(tensor._version != version for tensor, version in versions):
+                raise UnsupportedError(f"an input of {where} modified in place after use")
+            pairs.append(((args, kwargs), slots))
+        return pairs
 
     def rows(self, module: nn.Module, call: Call) -> list[int]:
         """The leading dimensions of a call's per-row tensors (all must be the batch's)."""

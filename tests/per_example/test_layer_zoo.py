@@ -289,3 +289,28 @@ def test_depthwise_gradients_by_a_forward_convolution_equal_the_grouped_kernel(c
     rows = [slice(i * views, (i + 1) * views) for i in range(5)]
     own = [torch.autograd.grad((layer(x[r]) * g[r]).sum(), layer.weight)[0] for r in rows]
     torch.testing.assert_close(fast.per_example, torch.stack(own), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("views", [0, 3])
+def test_grouped_kernels_over_chunks_of_examples_equal_micro_batches_of_one(monkeypatch, views):
+    """Grouped weight-gradient kernels take GROUPED_CHUNK examples at a time (here 2 of 5):
+    a dense convolution with many positions, a grouped one and a depthwise one."""
+    from dpvision.per_example.layers import conv, dense
+
+    monkeypatch.setattr(dense, "GROUPED_CHUNK", 2)
+    monkeypatch.setattr(conv, "GROUPED_CHUNK", 2)
+    torch.manual_seed(12)
+    model = nn.Sequential(
+        nn.Conv2d(2, 4, 3, padding=1),  # 12×12 = 144 positions: the grouped route
+        nn.Tanh(),
+        nn.Conv2d(4, 4, 3, padding=1, groups=2),
+        nn.Conv2d(4, 4, 3, padding=1, groups=4),
+        nn.Flatten(),
+        nn.Linear(4 * 144, 3),
+    ).double()
+    x, y = _data((2, 12, 12), 5, views, seed=13)
+    expected = clipped_gradient_sum(model, LOSS, x, y, max_grad_norm=0.3, views=bool(views))
+    got = clip_and_sum(
+        model, LOSS, x, y, max_grad_norm=0.3, views=bool(views), method="bookkeeping"
+    )
+    _assert_same(got, expected)

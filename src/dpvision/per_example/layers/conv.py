@@ -34,11 +34,9 @@ from dpvision.per_example.layers.base import (
     sum_calls,
     trainable,
 )
-from dpvision.per_example.layers.dense import DenseTerms
+from dpvision.per_example.layers.dense import GROUPED_CHUNK, DenseTerms
 
 _Conv = nn.Conv1d | nn.Conv2d | nn.Conv3d
-# (input, output gradient) → the same in the dtype to compute in.
-Pair = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 def _weight_grad(
@@ -113,7 +111,12 @@ class ConvTerms(LayerTerms):
             size = weight.numel() * weight.element_size()
             chunk = max(1, MATERIALISE_BYTES // size)
             if batch <= chunk:  # kept: formed in the layer's precision, read in float32
-                self.per_example = self._per_example(0, batch, kernel_precision)
+                self.per_example = torch.cat(
+                    [
+                        self._per_example(s, min(s + GROUPED_CHUNK, batch), kernel_precision)
+                        for s in range(0, batch, GROUPED_CHUNK)
+                    ]
+                )
                 sq = sq + sq_rows(self.per_example)
                 self.calls = []  # the sum reads per_example
             else:  # norms chunk by chunk; the clipped sum is recomputed with scaled rows,

@@ -36,6 +36,10 @@ from dpvision.per_example.layers.base import (
 _GROUPED_MIN_POSITIONS = 128
 # With K > 1 views, from this many output positions on each row is its own group.
 _PER_ROW_MIN_POSITIONS = 512
+# Grouped weight-gradient kernels take at most this many examples (groups) at a time: on the
+# CPU, chunks of 64 ran 1.1-2.5 times as fast in float32 as one kernel over 256-2048
+# examples, and 3 times as fast in bfloat16, whose kernels slow down with many groups.
+GROUPED_CHUNK = 64
 
 
 # Ghost norms are computed on chunks of examples whose T×T Gram matrices fit in this many bytes.
@@ -155,6 +159,19 @@ class _Dense:
         if not (self.is_conv and self.positions(g) >= _GROUPED_MIN_POSITIONS):
             a, rows = self.rows(x, g, views)
             return torch.bmm(rows.transpose(1, 2), a), not self.is_conv
+        rows_per_chunk = GROUPED_CHUNK * views
+        if x.shape[0] > rows_per_chunk:
+            parts = [
+                self._grouped(
+                    x[start : start + rows_per_chunk], g[start : start + rows_per_chunk], views
+                )
+                for start in range(0, x.shape[0], rows_per_chunk)
+            ]
+            return torch.cat(parts), True
+        return self._grouped(x, g, views), True
+
+    def _grouped(self, x: torch.Tensor, g: torch.Tensor, views: int) -> torch.Tensor:
+        """:meth:`per_example` of a convolution by one grouped weight-gradient kernel."""
         kernel, stride, dilation = self.geometry()
         padded, padding = self.padded(x)
         n, c = padded.shape[:2]
@@ -165,7 +182,7 @@ class _Dense:
         # example's group (a transposed copy of inputs and gradients): the first is faster
         # on large images, the second on small ones.
         per_row = views > 1 and self.positions(g) >= _PER_ROW_MIN_POSITIONS
-        groups, rows = (n, 1) if per_row or views == 1 else (batch, views)
+        groups = n if per_row or views == 1 else batch
         if groups == n:
             inputs, grads = (
                 padded.reshape(1, n * c, *padded.shape[2:]),
@@ -192,7 +209,7 @@ class _Dense:
         )
         if groups == n and views > 1:
             out = out.reshape(batch, views, -1).sum(1)
-        return out.reshape(batch, p, c * kernel[0] * kernel[1]), True
+        return out.reshape(batch, p, c * kernel[0] * kernel[1])
 
     def natural(self, matrices: torch.Tensor) -> torch.Tensor:
         """(…, p, d) in im2col order (kh, kw, C_in) → the weight's own order (C_in, kh, kw)."""

@@ -40,8 +40,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dpsgd_speed import build_model, device_slug, write_text_atomic
 
 from dpvision.accounting import PrivacyLedger
-from dpvision.profiling import PREFIX
 from dpvision.training import DPSGDStep
+
+try:
+    from dpvision.profiling import PREFIX
+except ImportError:  # a dpvision before the phases were labelled: the ratio alone
+    PREFIX = "dpvision::"
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
 
@@ -106,15 +110,13 @@ def steps(
     return {"non-private": non_private, "dpvision": lambda: engine([(x, y)])}
 
 
-def timed(step: Callable[[], None], device: torch.device, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        started = time.perf_counter()
-        step()
-        _sync(device)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+def timed(step: Callable[[], None], device: torch.device) -> float:
+    """Seconds of one step (synchronised on CUDA)."""
+    _sync(device)
+    started = time.perf_counter()
+    step()
+    _sync(device)
+    return time.perf_counter() - started
 
 
 def phases(step: Callable[[], None], device: torch.device, repeats: int) -> dict[str, float]:
@@ -165,20 +167,30 @@ def profile(args: argparse.Namespace, name: str, precision: str) -> dict[str, An
     x = torch.randn(args.batch, *views, *shape, device=device)
     y = torch.randint(0, 10, (args.batch,), device=device)
     result: dict[str, Any] = {"model": name, "precision": precision, "input": list(shape)}
-    for row, step in steps(model, x, y, args.views, PRECISIONS[precision]).items():
+    rows = steps(model, x, y, args.views, PRECISIONS[precision])
+    peaks: dict[str, float | None] = {}
+    for row, step in rows.items():
         step()  # warm-up (the first private call also verifies the layout and gradients)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        seconds = timed(step, device, args.repeats)
+            step()
+            peaks[row] = torch.cuda.max_memory_allocated(device) / 2**30
+        else:
+            peaks[row] = None
+    # The rows' steps alternate, so that a machine's drift slows both alike.
+    times: dict[str, list[float]] = {row: [] for row in rows}
+    for _ in range(args.repeats):
+        for row, step in rows.items():
+            times[row].append(timed(step, device))
+    for row, step in rows.items():
+        seconds = statistics.median(times[row])
         phases(step, device, 1)  # the profiler's own first-use cost, not counted
         parts = phases(step, device, args.repeats)
         parts["other"] = seconds - sum(parts.values())
         result[row] = {
             "seconds": seconds,
             "phases": dict(_descending(parts)),
-            "peak_gib": (
-                torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-            ),
+            "peak_gib": peaks[row],
         }
     result["ratio"] = result["dpvision"]["seconds"] / result["non-private"]["seconds"]
     return result
@@ -198,11 +210,12 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"# Book-keeping profile: {meta['device_name']}, {meta['precision']}",
         "",
         f"One micro-batch of B = {meta['batch']} examples (K = {meta['views']}), median of "
-        f"{meta['repeats']} timed steps after a warm-up; phases from `torch.profiler` over "
-        f"{meta['repeats']} more steps ({meta['clock']}). A step is forward, backward, "
-        "clipping, noise and the optimizer (SGD). 'other' is the step time minus the labelled "
-        "phases. Each phase's '× non-private step' is its time over the whole non-private "
-        "step, so the private row's shares add up to its ratio.",
+        f"{meta['repeats']} timed steps after a warm-up, the two rows' steps alternating; "
+        f"phases from `torch.profiler` over {meta['repeats']} more steps ({meta['clock']}). "
+        "A step is forward, backward, clipping, noise and the optimizer (SGD). 'other' is "
+        "the step time minus the phases (negative where the profiler's own cost exceeds it). "
+        "Each phase's '× non-private step' is its time over the whole non-private step, so "
+        "the private row's shares add up to its ratio.",
         "",
     ]
     for result in results:

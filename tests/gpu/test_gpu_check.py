@@ -35,3 +35,24 @@ def test_gpu_check_writes_its_report_without_cuda(tmp_path):
     assert "(exit code 0," in text
     assert f"`python benchmarks/dpsgd_speed.py {speed}`: exit code 0" in text
     assert "| dpvision, torch.func vmap | " in text  # the table itself
+
+
+def test_gpu_check_speed_only_skips_the_tests(tmp_path):
+    report = tmp_path / "speed.md"
+    speed = "--quick --only vit --device cpu --no-isolation --steps 1 --rows dpvision-vmap"
+    env = {**os.environ, "PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": ""}
+    env["GPU_CHECK_SPEED_ARGS"] = speed
+    done = subprocess.run(
+        [str(ROOT / "scripts" / "gpu-check"), "--speed-only", str(report)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    text = report.read_text()
+    assert "## Device" in text
+    assert "## pytest -m gpu tests/gpu" not in text
+    assert f"`python benchmarks/dpsgd_speed.py {speed}`: exit code 0" in text

@@ -8,8 +8,9 @@ phases the code labels (:mod:`dpvision.profiling`): the forward with the activat
 backward to the layer outputs, the per-example norms of each layer kind, the clip factors,
 the clipped sum of each layer kind, the noise and the optimizer. A phase's time is its
 operators' own time (on CUDA: the GPU time of the kernels they launched), each operator
-counted in the innermost phase open when it started; "other" is the measured step time minus
-the phases (Python, the loss, the tape's hooks, the profiler's own cost).
+counted in the innermost phase open when it started (operators outside every phase: the
+loss, the tape's hooks); the shares are scaled to the step time measured without the
+profiler, which slows small operators more than large ones.
 
     python benchmarks/bookkeeping_profile.py --model vit-6 convnext-4 --batch 32
     python benchmarks/bookkeeping_profile.py --model timm:vit_small_patch16_224 --batch 4 \\
@@ -150,11 +151,13 @@ def phases(step: Callable[[], None], device: torch.device, repeats: int) -> dict
         if not micro:
             continue
         at = event.time_range.start
+        phase = "unlabelled (loss, hooks)"
         for index in range(bisect.bisect_right(starts, at) - 1, -1, -1):
             start, end, name = ranges[index]
             if start <= at < end:  # the innermost open phase
-                seconds[name] += micro / 1e6 / repeats
+                phase = name
                 break
+        seconds[phase] += micro / 1e6 / repeats
     return dict(seconds)
 
 
@@ -186,7 +189,10 @@ def profile(args: argparse.Namespace, name: str, precision: str) -> dict[str, An
         seconds = statistics.median(times[row])
         phases(step, device, 1)  # the profiler's own first-use cost, not counted
         parts = phases(step, device, args.repeats)
-        parts["other"] = seconds - sum(parts.values())
+        # The profiler slows small operators more than large ones: its shares, scaled to
+        # the step time measured without it.
+        profiled = sum(parts.values())
+        parts = {name: value * seconds / profiled for name, value in parts.items()}
         result[row] = {
             "seconds": seconds,
             "phases": dict(_descending(parts)),
@@ -212,10 +218,10 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"One micro-batch of B = {meta['batch']} examples (K = {meta['views']}), median of "
         f"{meta['repeats']} timed steps after a warm-up, the two rows' steps alternating; "
         f"phases from `torch.profiler` over {meta['repeats']} more steps ({meta['clock']}). "
-        "A step is forward, backward, clipping, noise and the optimizer (SGD). 'other' is "
-        "the step time minus the phases (negative where the profiler's own cost exceeds it). "
-        "Each phase's '× non-private step' is its time over the whole non-private step, so "
-        "the private row's shares add up to its ratio.",
+        "A step is forward, backward, clipping, noise and the optimizer (SGD). Each phase "
+        "is its share of the profiled step times the step time measured without the "
+        "profiler; '× non-private step' is that time over the whole non-private step, so "
+        "the private row's phases add up to its ratio.",
         "",
     ]
     for result in results:

@@ -140,6 +140,25 @@ class CrossAttention(nn.Module):
         return self.head(torch.cat([out2.mean(1), weights.flatten(1)[:, :5]], 1))
 
 
+class MaskedEncoder(nn.Module):
+    """A TransformerEncoderLayer with a per-example key padding mask (its attention weights
+    unused) and a causal self-attention with a float mask. Input (5, 6)."""
+
+    def __init__(self, dim: int = 6, classes: int = 3) -> None:
+        super().__init__()
+        self.encoder = nn.TransformerEncoderLayer(dim, 2, 8, dropout=0.0, batch_first=True)
+        self.attn = nn.MultiheadAttention(dim, 3, batch_first=True)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pad = x[:, :, 0] > 1.0  # some positions masked, per example
+        pad[:, 0] = False
+        h = self.encoder(x, src_key_padding_mask=pad)
+        causal = torch.triu(torch.full((5, 5), float("-inf"), dtype=x.dtype), diagonal=1)
+        out, _ = self.attn(h, h, h, attn_mask=causal, need_weights=False)
+        return self.head(out.mean(1))
+
+
 class ScaleShift(nn.Module):
     """A leaf layer no rule knows: x·scale + sin(shift)."""
 
@@ -162,5 +181,6 @@ ZOO = {
     "vit": (TinyViT, (2, 8, 8)),
     "convnext": (TinyConvNeXt, (2, 8, 8)),
     "cross-attention": (CrossAttention, (5, 4)),
+    "masked-encoder": (MaskedEncoder, (5, 6)),
     "unknown-leaf": (unknown_leaf, (4,)),
 }

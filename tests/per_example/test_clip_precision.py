@@ -9,6 +9,7 @@ the products the norms came from and the products of the clipped sum round diffe
 """
 
 import contextlib
+import functools
 import random
 import subprocess
 import sys
@@ -486,3 +487,77 @@ def test_bf16_per_example_gradients_are_kept_in_bf16_and_clipped_by_their_own_no
     exact = layer_terms(layer, [(x.bfloat16().float(), g.float())], 1, "materialise")
     gap = (terms.sq_norms - exact.sq_norms).abs() / exact.sq_norms
     assert float(gap.max()) < 1e-2  # bfloat16 products rounded once per example
+
+
+@pytest.mark.parametrize("forward", ["bf16", "tf32", "float32"])
+def test_a_ws_conv_input_crafted_against_the_forward_rounding_is_clipped_to_c(forward):
+    """WSConv2d's ghost norms once read aₜ·w̃ₒ back from the layer's forward output, which
+    the pass computed from rounded values (bfloat16 under autocast, TF32 on a GPU): an
+    image whose patches are orthogonal to the rounded standardised weight (a null-space
+    solve; the weights are public) but not to the exact one made the norm see rounding
+    noise while the sum added the whole gain gradient: 12.5 C in bf16, 10.5 C under TF32,
+    1.0001 C in float32. The norms now read only the recorded input."""
+    from dpvision.models.layers import WSConv2d
+
+    torch.manual_seed(0)
+    channels, out, side = 128, 32, 8
+
+    class Probe(nn.Module):  # only the gain trains (scale-only fine-tuning)
+        def __init__(self) -> None:
+            super().__init__()
+            self.ws = WSConv2d(channels, out, 3, padding=1)
+            self.fc = nn.Linear(out, 5)
+            for p in (self.ws.weight, self.ws.bias, *self.fc.parameters()):
+                p.requires_grad_(False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(self.ws(x).mean((2, 3)))
+
+    model = Probe()
+    # The rounding the target is crafted against (for a float32 forward: TF32's, which that
+    # forward does not do).
+    rounding = {"bf16": lambda w: w.bfloat16().float(), "tf32": tf32, "float32": tf32}
+    with torch.no_grad():
+        exact = model.ws.standardized_weight().double()
+        seen = rounding[forward](exact.float()).double()
+        conv = lambda x: F.conv2d(x, seen, padding=1)  # noqa: E731
+        back = lambda z: F.conv_transpose2d(z, seen, padding=1)  # noqa: E731
+        size = out * side * side
+        basis = torch.eye(size, dtype=torch.float64).reshape(size, out, side, side)
+        gram = conv(back(basis)).reshape(size, size)
+        lift = torch.randn(1, out, 1, 1, dtype=torch.float64).expand(1, out, side, side)
+        v = F.conv_transpose2d(lift, exact - seen, padding=1)
+        target = v - back(torch.linalg.solve(gram, conv(v).reshape(-1)).reshape(1, out, side, side))
+    x = torch.randn(4, channels, side, side)
+    y = torch.randint(0, 5, (4,))
+    alone = torch.zeros(4, dtype=torch.bool)
+    alone[0] = True  # the target's own contribution
+    precision = torch.bfloat16 if forward == "bf16" else None
+    context = EmulatedTF32 if forward == "tf32" else contextlib.nullcontext
+    loss = functools.partial(F.cross_entropy, reduction="none")
+    with context():  # a benign first call verifies the signature
+        bookkeeping.clip_and_sum(
+            model,
+            loss,
+            x,
+            y,
+            max_grad_norm=1.0,
+            mask=alone,
+            precision=precision,
+            method="bookkeeping",
+        )
+    for scale in (1e4, 1e6):
+        x[0] = (scale * target / target.abs().max()).float()[0]
+        with context():
+            got = bookkeeping.clip_and_sum(
+                model,
+                loss,
+                x,
+                y,
+                max_grad_norm=1.0,
+                mask=alone,
+                precision=precision,
+                method="bookkeeping",
+            )
+        moved = float(torch.linalg.vector_norm(got.grads["ws.gain"].double()))
+        assert moved <= 1.0 + 1e-5, f"scale {scale:g}: the target moved the sum by {moved} C"

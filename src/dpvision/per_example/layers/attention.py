@@ -125,9 +125,8 @@ class AttentionTerms(LayerTerms):
         projected = [p.requires_grad_() for p in projected]
         want_weights = 1 in grads
         with torch.enable_grad():
-            if want_weights or any(
-                options[name] for name in ("attn_mask", "key_padding_mask", "is_causal")
-            ):
+            masked = any(options[name] is not None for name in ("attn_mask", "key_padding_mask"))
+            if want_weights or masked or options["is_causal"]:
                 core, attention = self._core_with_masks(projected, options, want_weights)
             else:  # no masks, no weights: the core alone, as PyTorch runs it then
                 heads = [p.unflatten(-1, (module.num_heads, -1)).transpose(1, 2) for p in projected]

@@ -146,7 +146,9 @@ class Rule:
         their own) and its calls are recorded whole: ``((args, kwargs), output grads)``
         instead of ``(input, output grad)`` (see :mod:`~dpvision.per_example.tape`).
       with_output: the tape also keeps each call's output (if not changed in place later):
-        calls are ``((input, output or None), output grad)``.
+        calls are ``((input, output or None), output grad)``. The output was computed by
+        the pass's kernels (bfloat16, TF32): a norm must not read it unless the sum reads
+        the same values.
       low_precision: the rule takes values recorded under autocast as they are (else
         :func:`~dpvision.per_example.layers.layer_terms` upcasts them to float32 first). It
         must then keep the norms and the sum consistent: per-example gradients formed in

@@ -344,23 +344,18 @@ class _PixelGhost:
         return self.convolve(ones)[..., 0]
 
 
-@register_rule(nn.Linear, low_precision=True)
+@register_rule(nn.Linear, WSConv2d, low_precision=True)
 class DenseTerms(LayerTerms):
     """Linear, Conv2d and WSConv2d layers.
 
-    Args:
-      outputs: each call's output, or None, for WSConv2d (it spares the convolution of the
-        input with the standardised weight that the ghost norms need otherwise).
+    Every quantity a norm reads comes from the recorded input and output gradient, never
+    from the layer's forward output: that was computed by other kernels, in the pass's
+    precision (bfloat16, TF32), and an input crafted against its rounding could make the
+    norm miss what the sum adds (WSConv2d's ⟨Gₒ, w̃ₒ⟩ once read back from the output let
+    one example move the sum by 12 C in bfloat16).
     """
 
-    def __init__(
-        self,
-        module: nn.Module,
-        calls: list[Call],
-        views: int,
-        strategy: Strategy,
-        outputs: "list[torch.Tensor | None] | None" = None,
-    ):
+    def __init__(self, module: nn.Module, calls: list[Call], views: int, strategy: Strategy):
         self.module, self.calls, self.views = module, calls, views
         self.dense = _Dense(module)
         self.ws = module if isinstance(module, WSConv2d) else None
@@ -369,17 +364,14 @@ class DenseTerms(LayerTerms):
         p, d = weight.shape[0], weight[0].numel()
         batch = calls[0][0].shape[0] // views
         positions = views * sum(self.dense.positions(g) for _, g in calls)
-        self.output = (
-            float32_calls(outputs[0]) if outputs is not None and len(outputs) == 1 else None
-        )
         # Costs per example, T positions: materialising T·p·d (on kernels about half as fast
         # as the dense product the ghost sum takes afterwards), ghost norms T²·(p + d) from
         # im2col rows or (K·Hp·Wp)²·C + T²·(p + kh·kw) from the pixels.
         im2col = positions * positions * (p + d)
         pixel = self._pixel_cost(calls, views, positions, p)
-        if self.ws is not None:  # ⟨Gₒ, w̃ₒ⟩ needs aₜ·w̃ₒ: from the output, else a convolution
+        if self.ws is not None:  # ⟨Gₒ, w̃ₒ⟩ needs aₜ·w̃ₒ: a product or a convolution
             im2col += positions * p * d
-            pixel += positions * p * (1 if self.output is not None else d)
+            pixel += positions * p * d
         self.pixel = pixel < math.inf and (
             strategy == "pixel" or (strategy == "auto" and pixel < im2col)
         )
@@ -402,6 +394,10 @@ class DenseTerms(LayerTerms):
         # bfloat16 product of bfloat16 values, accumulated in float32), their norms and
         # their clipped sum read in float32 from this one tensor.
         self.per_example: torch.Tensor | None = None
+        # WSConv2d: the per-example gain gradients (B, p); with materialised rows,
+        # per_example holds the raw weight's per-example gradients (mapped).
+        self.gain_rows: torch.Tensor | None = None
+        self.mapped = False
         self.natural = False  # whether per_example's columns are (C_in, kh, kw), not im2col's
         if self.train_weight or self.train_gain:
             if self.materialise:
@@ -413,7 +409,8 @@ class DenseTerms(LayerTerms):
                     for part, natural in parts
                 )
                 sq = sq + self._materialised_sq(self.per_example)
-                self.calls = []  # the sum reads per_example
+                self.mapped = self.ws is not None
+                self.calls = []  # the sum reads per_example (and gain_rows)
             elif self.pixel:
                 ((x, g),) = float32_calls(calls)
                 sq = sq + self._ghost_sq(_PixelGhost(self.dense, x, g, views))
@@ -462,19 +459,12 @@ class DenseTerms(LayerTerms):
     def _materialised_sq(self, per_example: torch.Tensor) -> torch.Tensor:
         if self.ws is None:
             return sq_rows(per_example)
-        per_example = float32_calls(per_example)
-        # ‖∂w‖² = Σₒ (γₒ/sₒ)²(‖Gₒ‖² − (Σ Gₒ)²/d − liveₒ⟨Gₒ, w̃ₒ⟩²): the projection removes
-        # the orthonormal directions 1/√d and w̃ₒ (w̃ₒ ⟂ 1, ‖w̃ₒ‖ = 1 when live), so no
-        # (B, p, d) temporary is needed.
-        tilde, ratio, live = self._standardisation(self.natural)
-        gain = torch.einsum("bpd,pd->bp", per_example, tilde)
-        sq = per_example.new_zeros(len(gain))
-        if self.train_weight:
-            full = torch.linalg.vector_norm(per_example, dim=-1).pow(2)
-            mean_part = per_example.sum(-1).pow(2) / per_example.shape[-1]
-            per_channel = (full - mean_part - live * gain.pow(2)).clamp(min=0)
-            sq = sq + (per_channel * ratio.pow(2)).sum(1)
-        return sq + sq_rows(gain) if self.train_gain else sq
+        # Each example's gradients of the raw weight and of the gain, formed once: their
+        # norms and, in clipped_sum, their clipped sums read these very rows.
+        weight_rows, self.gain_rows = self._map_ws(float32_calls(per_example), self.natural)
+        self.per_example = weight_rows if self.train_weight else None
+        sq = sq_rows(weight_rows) if self.train_weight else weight_rows.new_zeros(len(weight_rows))
+        return sq + sq_rows(self.gain_rows) if self.train_gain else sq
 
     def _ghost_sq(self, source: "_Im2colGhost | _PixelGhost") -> torch.Tensor:
         g = source.g
@@ -484,6 +474,7 @@ class DenseTerms(LayerTerms):
         tilde, ratio, live = self._standardisation(natural=isinstance(source, _PixelGhost))
         d = tilde.shape[1]
         gain = torch.einsum("btp,btp->bp", g, self._project(source, tilde))  # ⟨Gₒ, w̃ₒ⟩
+        self.gain_rows = gain  # the gain's per-example gradients: its sum reads them too
         sq = g.new_zeros(g.shape[0])
         if self.train_weight:
             mean = torch.einsum("btp,bt->bp", g, source.patch_sums()) / d
@@ -493,23 +484,13 @@ class DenseTerms(LayerTerms):
         return sq + gain.pow(2).sum(1) if self.train_gain else sq
 
     def _project(self, source: "_Im2colGhost | _PixelGhost", tilde: torch.Tensor) -> torch.Tensor:
-        """(B, T, p) aₜ·w̃ₒ: from the output y = γ·(a·w̃) + b where it was kept and γₒ is not
-        near zero, else by convolving the input with w̃."""
+        """(B, T, p) aₜ·w̃ₒ from the recorded input: a product with the im2col rows, or a
+        convolution of the pixels with w̃."""
         if isinstance(source, _Im2colGhost):
             return source.project(tilde)
         ws = self.ws
         assert ws is not None
-        weights = tilde.reshape(ws.weight.shape)
-        if self.output is None:
-            return source.convolve(weights)
-        with torch.no_grad():
-            gain = ws.gain.reshape(-1)
-            safe = gain.abs() >= 1e-3
-            out = source.rows(self.output - ws.bias.reshape(1, -1, 1, 1))
-            out = out / torch.where(safe, gain, torch.ones_like(gain))
-            if not bool(safe.all()):
-                out[..., ~safe] = source.convolve(weights[~safe])
-        return out
+        return source.convolve(tilde.reshape(ws.weight.shape))
 
     # --- the clipped sum ---------------------------------------------------------------
     def clipped_sum(
@@ -522,6 +503,11 @@ class DenseTerms(LayerTerms):
             rows = self.bias_rows if drop is None else self.bias_rows.masked_fill(drop[:, None], 0)
             out["bias"] = scale.to(rows.dtype) @ rows
         if not (self.train_weight or self.train_gain):
+            return out
+        if self.ws is not None and self.gain_rows is not None and self.train_gain:
+            rows = self.gain_rows if drop is None else self.gain_rows.masked_fill(drop[:, None], 0)
+            out["gain"] = (scale.to(rows.dtype) @ rows).reshape(self.ws.gain.shape)
+        if self.mapped and not self.train_weight:
             return out
         if self.per_example is not None:
             per_example = float32_calls(self.per_example)
@@ -541,21 +527,8 @@ class DenseTerms(LayerTerms):
             assert isinstance(grad_hat, torch.Tensor)
             natural = False
         unmatrix = (lambda m: m.reshape(weight.shape)) if natural else self.dense.unmatrix
-        if self.ws is None:
+        if self.ws is None or self.mapped:  # plain, or rows already of the raw weight
             out["weight"] = unmatrix(grad_hat)
-            return out
-        grad_w, grad_gain = self._map_ws(grad_hat, natural)
-        if self.train_weight:
-            out["weight"] = unmatrix(grad_w)
-        if self.train_gain:
-            out["gain"] = grad_gain.reshape(self.ws.gain.shape)
+        elif self.train_weight:
+            out["weight"] = unmatrix(self._map_ws(grad_hat, natural)[0])
         return out
-
-
-@register_rule(WSConv2d, with_output=True, low_precision=True)
-def ws_conv_terms(
-    module: nn.Module, calls: list[Call], views: int, strategy: Strategy
-) -> LayerTerms:
-    """WSConv2d: the dense rule, given the outputs the tape kept."""
-    pairs = [(x, g) for (x, _), g in calls]
-    return DenseTerms(module, pairs, views, strategy, outputs=[y for (_, y), _ in calls])

@@ -225,6 +225,9 @@ def markdown(results: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "",
     ]
     for result in results:
+        if "error" in result:
+            lines += [f"## {result['model']}", "", f"Failed: {result['error']}", ""]
+            continue
         plain, private = result["non-private"], result["dpvision"]
         base = plain["seconds"]
         lines += [
@@ -288,7 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for precision in args.precision:
-        results = [profile(args, name, precision) for name in args.model]
+        results = []
+        for name in args.model:
+            try:
+                results.append(profile(args, name, precision))
+            except Exception as error:  # reported in the table, the other models still run
+                results.append({"model": name, "precision": precision, "error": str(error)})
         meta = {
             "device_name": device_name,
             "precision": precision,

@@ -456,12 +456,23 @@ class DenseTerms(LayerTerms):
         weight = ratio[:, None] * (centred - tilde * (gain * live)[..., None])
         return weight, gain
 
+    def _map_rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_map_ws` of per-example (B, p, d) gradients, in place (``rows`` is this
+        rule's own tensor) and without temporaries of that size."""
+        tilde, ratio, live = self._standardisation(self.natural)
+        gain = torch.einsum("bpd,pd->bp", rows, tilde)
+        rows.sub_(rows.mean(-1, keepdim=True))
+        rows.addcmul_(tilde, (gain * live)[..., None], value=-1.0)
+        rows.mul_(ratio[:, None])
+        return rows, gain
+
     def _materialised_sq(self, per_example: torch.Tensor) -> torch.Tensor:
         if self.ws is None:
             return sq_rows(per_example)
         # Each example's gradients of the raw weight and of the gain, formed once: their
-        # norms and, in clipped_sum, their clipped sums read these very rows.
-        weight_rows, self.gain_rows = self._map_ws(float32_calls(per_example), self.natural)
+        # norms and, in clipped_sum, their clipped sums read these very rows (a norm by
+        # ‖G‖² − d·mean² − ⟨G, w̃⟩² cancels, and could miss what the mapped sum adds).
+        weight_rows, self.gain_rows = self._map_rows(float32_calls(per_example))
         self.per_example = weight_rows if self.train_weight else None
         sq = sq_rows(weight_rows) if self.train_weight else weight_rows.new_zeros(len(weight_rows))
         return sq + sq_rows(self.gain_rows) if self.train_gain else sq

@@ -11,13 +11,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_gpu_check_writes_its_report_without_cuda(tmp_path):
+SPEED = "--quick --only vit --device cpu --no-isolation --steps 1 --rows dpvision-vmap"
+
+
+def _gpu_check(tmp_path: Path, *options: str) -> str:
+    """The report of ``scripts/gpu-check OPTIONS REPORT`` without CUDA, one small speed row."""
     report = tmp_path / "out" / "gpu-check.md"
-    speed = "--quick --only vit --device cpu --no-isolation --steps 1 --rows dpvision-vmap"
     env = {**os.environ, "PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": ""}
-    env["GPU_CHECK_SPEED_ARGS"] = speed
+    env["GPU_CHECK_SPEED_ARGS"] = SPEED
     done = subprocess.run(
-        [str(ROOT / "scripts" / "gpu-check"), "--budget", "120", str(report)],
+        [str(ROOT / "scripts" / "gpu-check"), *options, str(report)],
         cwd=tmp_path,  # from anywhere: the script finds the repository itself
         env=env,
         capture_output=True,
@@ -26,7 +29,12 @@ def test_gpu_check_writes_its_report_without_cuda(tmp_path):
         check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    text = report.read_text()
+    return report.read_text()
+
+
+def test_gpu_check_writes_its_report_without_cuda(tmp_path):
+    text = _gpu_check(tmp_path, "--budget", "120")
+    speed = SPEED
     for heading in ("# dpvision GPU check", "## Device", "## pytest -m gpu tests/gpu"):
         assert heading in text
     assert "no CUDA device" in text
@@ -38,21 +46,7 @@ def test_gpu_check_writes_its_report_without_cuda(tmp_path):
 
 
 def test_gpu_check_speed_only_skips_the_tests(tmp_path):
-    report = tmp_path / "speed.md"
-    speed = "--quick --only vit --device cpu --no-isolation --steps 1 --rows dpvision-vmap"
-    env = {**os.environ, "PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": ""}
-    env["GPU_CHECK_SPEED_ARGS"] = speed
-    done = subprocess.run(
-        [str(ROOT / "scripts" / "gpu-check"), "--speed-only", str(report)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    text = report.read_text()
+    text = _gpu_check(tmp_path, "--speed-only")
     assert "## Device" in text
     assert "## pytest -m gpu tests/gpu" not in text
-    assert f"`python benchmarks/dpsgd_speed.py {speed}`: exit code 0" in text
+    assert f"`python benchmarks/dpsgd_speed.py {SPEED}`: exit code 0" in text

@@ -549,3 +549,47 @@ def test_a_ws_conv_input_crafted_against_the_forward_rounding_is_clipped_to_c(fo
         got = step()
         moved = float(torch.linalg.vector_norm(got.grads["ws.gain"].double()))
         assert moved <= 1.0 + 1e-5, f"scale {scale:g}: the target moved the sum by {moved} C"
+
+
+@pytest.mark.parametrize("strategy", ["ghost", "pixel"])
+def test_a_ws_conv_patch_along_the_projected_directions_is_clipped_to_c(strategy):
+    """A WSConv2d weight's gradient is the output-gradient-weighted patches projected off 1
+    and w̃ₒ. Its ghost norm was ‖Gₒ‖² − d·mean² − ⟨Gₒ, w̃ₒ⟩², which cancels in float32: the
+    patch α·1 + ρ·v (v ⟂ 1 and every w̃ₒ, the weights being public) made it 0 while the
+    mapped sum added about 400 C. The ghost paths now clip by the bound (γₒ/sₒ)‖Gₒ‖."""
+    from dpvision.models.layers import WSConv2d
+
+    torch.manual_seed(1)
+
+    class Probe(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ws = WSConv2d(3, 8, 3)
+            self.fc = nn.Linear(8, 10)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.fc(self.ws(x).mean((2, 3)))
+
+    model = Probe()
+    weights = model.ws.weight.detach().reshape(8, 27)
+    span = torch.cat([torch.ones(1, 27), weights - weights.mean(1, keepdim=True)]).double()
+    q, _ = torch.linalg.qr(span.T)
+    v = torch.randn(27, dtype=torch.float64)
+    v = (v - q @ (q.T @ v)) / torch.linalg.vector_norm(v - q @ (q.T @ v))
+    y = torch.zeros(4, dtype=torch.long)
+    alone = torch.tensor([True, False, False, False])
+    loss = functools.partial(F.cross_entropy, reduction="none")
+
+    def moved(x: torch.Tensor) -> float:
+        got = bookkeeping._bookkeeping_sum(
+            model, loss, x, y, max_grad_norm=1.0, views=False, mask=alone, strategy=strategy
+        )
+        return float(torch.sqrt(sum(g.double().pow(2).sum() for g in got.grads.values())))
+
+    moved(torch.randn(4, 3, 3, 3))  # a benign first call verifies the signature
+    worst = 0.0
+    for alpha in (1e5, 3e6, 1e7, 4e8):
+        x = torch.randn(4, 3, 3, 3)
+        x[0] = alpha + 1000 * v.float().view(3, 3, 3)
+        worst = max(worst, moved(x))
+    assert worst <= 1.0 + 1e-5, f"the crafted patch moved the sum by {worst} C"

@@ -289,6 +289,8 @@ def _bookkeeping_sum(
             if reason is not None:
                 _VERDICTS[model][verify] = reason
                 raise UnsupportedError(reason)
+        if verify_as is not None:  # the float32 pass that verifies: its sum is not used
+            return ClippedGradientSum.zeros(params, l2_sensitivity=float(max_grad_norm))
         return clip_terms(
             found, params, batch, max_grad_norm=max_grad_norm, mask=mask, groups=groups
         )
@@ -329,6 +331,9 @@ class _LayerTermsOf:
 
     def as_ready(self, module: nn.Module) -> None:
         """The tape's on_ready: a dense or convolution layer's terms, now."""
+        # The rules that take recorded values as they are (Rule.low_precision) are the
+        # dense and convolution ones, which run no autograd of their own: safe inside a
+        # backward hook. The others (attention, torch.func) wait for the backward's end.
         if self.failure is not None or not rule_of(module).low_precision:
             return
         try:

@@ -94,7 +94,7 @@ def steps(
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-    engine = DPSGDStep(
+    engine = DPSGDStep.build(
         model=model,
         optimizer=optimizer,
         loss_fn=lambda out, t: F.cross_entropy(out, t, reduction="none"),
@@ -105,7 +105,7 @@ def steps(
         ledger=PrivacyLedger(),
         generator=torch.Generator(device=x.device).manual_seed(0),
         views=views > 1,
-        clipping="bookkeeping",
+        method="bookkeeping",
         precision=precision,
     )
     return {"non-private": non_private, "dpvision": lambda: engine([(x, y)])}

@@ -470,7 +470,7 @@ def dpvision_step(
     from dpvision.accounting import PrivacyLedger
     from dpvision.training import DPSGDStep
 
-    engine = DPSGDStep(
+    engine = DPSGDStep.build(
         model=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=lr),
         loss_fn=per_example_loss,
@@ -481,11 +481,11 @@ def dpvision_step(
         ledger=PrivacyLedger(),
         generator=torch.Generator(device=inputs.device).manual_seed(seed),
         views=setup.views > 1,
-        clipping=clipping,
+        method=clipping,
         precision=precision,
     )
     parts = split(inputs, targets, setup.physical_batch)
-    return (lambda: engine(parts)), f"DPSGDStep(clipping={clipping!r})"
+    return (lambda: engine(parts)), f"DPSGDStep.build(method={clipping!r})"
 
 
 def opacus_step(

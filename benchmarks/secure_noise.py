@@ -57,7 +57,7 @@ def _dpsgd_step(secure: bool) -> Callable[[], Any]:
     model = nn.Sequential(
         nn.Linear(784, 1024), nn.Tanh(), nn.Linear(1024, 1024), nn.Tanh(), nn.Linear(1024, 10)
     )
-    step = DPSGDStep(
+    step = DPSGDStep.build(
         model=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
         loss_fn=lambda out, y: F.cross_entropy(out, y, reduction="none"),

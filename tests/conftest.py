@@ -35,7 +35,8 @@ def _torch_threads() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def encoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Phase I encoder for 8x8 gray images like digits' (synthetic data: public)."""
-    from dpvision.training.pretrain import PretrainOptions, pretrain
+    from dpvision.training.pretrain import pretrain
+    from dpvision.training.pretrain_options import PretrainOptions
 
     path = tmp_path_factory.mktemp("encoder") / "enc.pt"
     options = {"model": "mlp-16", "synthetic": "dead-leaves-mixed", "size": 8, "channels": 1}

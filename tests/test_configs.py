@@ -18,7 +18,8 @@ import pytest
 from dpvision.accounting import PrivacyLedger
 from dpvision.config import resolve
 from dpvision.runs.train import run_training
-from dpvision.training.pretrain import PretrainOptions, pretrain
+from dpvision.training.pretrain import pretrain
+from dpvision.training.pretrain_options import PretrainOptions
 
 # Seed 000's configs (precomputed ViT features) have their own tests: test_configs_seed000.py;
 # so have seed 003's fine-tuning configs (they need a checkpoint): test_configs_finetune.py.

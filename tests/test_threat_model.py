@@ -2,7 +2,7 @@
 
 The adversary knows the code, the config (the public ``seed`` included), every byte a run
 publishes and the whole dataset except the target. Two kinds of test, for dp-ls,
-dp-newton, dp-fc, dp-sgd-linear, dp-sgd and dp-randp (tune: tests/train/test_tune.py;
+dp-newton, dp-fc, dp-sgd-linear, dp-sgd and dp-randp (tune: tests/training/test_tune.py;
 PrivacyEngine loops: tests/test_privacy_engine_secret.py):
 
 * **replay**: the adversary reruns the published config on the data *with* the target (the

@@ -105,6 +105,21 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
+def sha256_file(path: str | Path) -> str:
+    """The SHA-256 of the bytes of the file at ``path`` (hexadecimal), read in 1 MiB chunks:
+    what a cache key or a result records of an encoder or weights file.
+
+    Raises:
+      OSError: the file is missing or cannot be read; callers turn it into a one-line
+        error that names the file's role.
+    """
+    hasher = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            hasher.update(chunk)
+    return hasher.hexdigest()
+
+
 def settings_fingerprint(settings: dict[str, Any]) -> str:
     """A short hash of a run's settings (JSON with sorted keys)."""
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]

@@ -43,7 +43,6 @@ from dpvision.accounting import PrivacyLedger
 from dpvision.errors import DPVisionError
 from dpvision.learners.base import DPLinearClassifier
 from dpvision.mechanisms import Release, observing_releases
-from dpvision.mechanisms.adaptive_clipping import AdaptiveClipping
 from dpvision.privacy_engine import PrivacyEngine
 from dpvision.training.engine import DPSGDStep
 
@@ -323,12 +322,13 @@ def dpsgd_release(
     steps: int = 1,
     workers: Any = None,
     precision: torch.dtype | None = None,
-    adaptive: dict[str, float] | None = None,
+    policy: str = "flat",
+    **policy_options: float,
 ) -> Run:
     """``run((inputs, targets))``: DP-SGD engine steps on a copy of ``model``, noise off
-    (forward and backward under autocast to ``precision`` when given; with adaptive
-    clipping when ``adaptive`` gives :class:`~dpvision.training.AdaptiveClipping`'s
-    arguments, ``initial`` defaulting to ``max_grad_norm``).
+    (forward and backward under autocast to ``precision`` when given; clipped by the clip
+    ``policy`` named — ``flat``, ``per_layer``, ``adaptive`` — with ``policy_options`` as
+    in :func:`~dpvision.mechanisms.clip_policy.make_clip_policy`).
 
     Every step uses the whole dataset as its batch (q = 1), split into physical batches of
     ``physical_batch_size`` examples; the copy's parameters do not move (learning rate 0),
@@ -347,25 +347,22 @@ def dpsgd_release(
             inputs, targets = inputs[start:stop], targets[start:stop]
         copy_ = copy.deepcopy(model)
         params = [p for p in copy_.parameters() if p.requires_grad]
-        step = DPSGDStep(
-            model=copy_,
-            optimizer=torch.optim.SGD(params, lr=0.0),
-            loss_fn=loss,
+        step = DPSGDStep.build(
+            copy_,
+            torch.optim.SGD(params, lr=0.0),
+            loss,
             noise_multiplier=0.0,
             max_grad_norm=max_grad_norm,
             sample_rate=1.0,
             num_examples=len(inputs),
             ledger=PrivacyLedger(),
             generator=torch.Generator(),
+            clipping=policy,
             views=views,
-            clipping=clipping,
+            method=clipping,
             workers=workers,
             precision=precision,
-            adaptive=(
-                None
-                if adaptive is None
-                else AdaptiveClipping(**{"initial": max_grad_norm, **adaptive})
-            ),
+            **policy_options,
         )
         size = physical_batch_size or max(1, len(inputs))
         for _ in range(steps):

@@ -15,7 +15,7 @@ from dpvision.data import load_dataset
 from dpvision.errors import DPVisionError
 from dpvision.learners import DPLeastSquares
 from dpvision.mechanisms import PoissonSampler
-from dpvision.training.engine import DPSGDStep, ParameterEMA
+from dpvision.training import DPSGDStep, ParameterEMA
 from dpvision.training.optimizers import make_optimizer
 
 SMALL_SGD = [
@@ -49,7 +49,7 @@ def test_one_stacked_run_is_the_dpsgd_engine_step_for_step(digits):
     model.load_state_dict({k: v.clone() for k, v in target.init.items()})
     optimizer = make_optimizer(target.options, model)
     ema = ParameterEMA(model, 0.9)
-    step = DPSGDStep(
+    step = DPSGDStep.build(
         model=model,
         optimizer=optimizer,
         loss_fn=lambda out, y: F.cross_entropy(out, y, reduction="none"),

@@ -18,7 +18,7 @@ import torch
 from dpvision.accounting import PrivacyLedger
 from dpvision.distributed import Workers, current, init_from_env, shutdown
 from dpvision.learners import LEARNERS
-from dpvision.training.engine import DPSGDStep, GradientRelease, privatize_gradients
+from dpvision.training import DPSGDStep, privatize_gradients
 
 LEARNER_OPTIONS: dict[str, dict[str, Any]] = {
     "dp-ls": {"clip_norm": 1.0, "max_block_bytes": 2 * 8 * 12 * 12},  # 2 classes per block
@@ -62,7 +62,7 @@ def noise_of_steps(steps: int, workers: Workers) -> torch.Tensor:
     at learning rate 1 and qN = 1 a step moves the parameters by minus that noise.
     """
     model = _model()
-    step = DPSGDStep(
+    step = DPSGDStep.build(
         model=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=1.0),
         loss_fn=lambda out, y: torch.nn.functional.cross_entropy(out, y, reduction="none"),
@@ -93,14 +93,10 @@ def noise_added_per_worker(steps: int, workers: Workers) -> torch.Tensor:
         privatize_gradients(
             [(torch.zeros_like(p), p) for p in params],
             l2_sensitivity=CLIP_NORM,
-            release=GradientRelease(
-                noise_multiplier=NOISE_MULTIPLIER,
-                sample_rate=0.1,
-                expected_batch_size=1.0,
-                released="wrong",
-            ),
-            ledger=PrivacyLedger(),
+            noise_multiplier=NOISE_MULTIPLIER,
+            divisor=1.0,
             generator=generator,
+            released="wrong",
         )
         grads = [p.grad for p in params]
         assert all(g is not None for g in grads)

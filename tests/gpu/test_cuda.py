@@ -33,7 +33,7 @@ from dpvision.models.registry import build_model
 from dpvision.per_example import clip_and_sum
 from dpvision.runs.train import fit
 from dpvision.testing import check_sensitivity, dpsgd_release
-from dpvision.training.engine import DPSGDStep
+from dpvision.training import DPSGDStep
 
 CUDA = torch.device("cuda", 0)  # a name only: the real or the fake device's
 gpu = pytest.mark.gpu  # the kernels themselves: the real GPU only (skipped without one)

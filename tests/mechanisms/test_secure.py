@@ -78,7 +78,7 @@ def test_a_secure_dpsgd_step_has_the_right_noise():
     def update() -> torch.Tensor:
         model = nn.Linear(3, 2, bias=False).double()
         nn.init.zeros_(model.weight)
-        step = DPSGDStep(
+        step = DPSGDStep.build(
             model=model,
             optimizer=torch.optim.SGD(model.parameters(), lr=1.0),
             loss_fn=lambda out, y: 0.0 * out.sum(dim=-1),

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from dpvision.errors import DPVisionError
+from dpvision.mechanisms.clip_policy import FlatClip
 from dpvision.models import WSConv2d, scatter_cnn, tanh_cnn, wide_resnet
 from dpvision.per_example import (
     bookkeeping_clipped_gradient_sum,
@@ -141,7 +142,7 @@ def _assert_strategy_clips_as_the_reference(model, x, y, views, strategy):
     def both(clip):
         expected = clipped_gradient_sum(model, LOSS, x, y, max_grad_norm=clip, views=views)
         got = _bookkeeping_sum(
-            model, LOSS, x, y, max_grad_norm=clip, views=views, mask=None, strategy=strategy
+            model, LOSS, x, y, policy=FlatClip(clip), views=views, mask=None, strategy=strategy
         )
         return got, expected
 
@@ -388,7 +389,14 @@ def test_per_example_gradients_of_calls_in_different_orders_add_up(views):
     x, y = _data((2, 12, 12), 4, views, seed=21)
     expected = clipped_gradient_sum(model, LOSS, x, y, max_grad_norm=0.1, views=bool(views))
     got = _bookkeeping_sum(
-        model, LOSS, x, y, max_grad_norm=0.1, views=bool(views), mask=None, strategy="materialise"
+        model,
+        LOSS,
+        x,
+        y,
+        policy=FlatClip(0.1),
+        views=bool(views),
+        mask=None,
+        strategy="materialise",
     )
     _assert_same(got, expected)
 

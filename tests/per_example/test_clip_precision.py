@@ -22,6 +22,7 @@ import torch.nn.functional as F  # noqa: N812 (the usual PyTorch alias)
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from dpvision.mechanisms.clip_policy import FlatClip
 from dpvision.models.registry import build_model
 from dpvision.per_example import bookkeeping, reference
 from dpvision.per_example.precision import exact_arithmetic
@@ -582,7 +583,7 @@ def test_a_ws_conv_patch_along_the_projected_directions_is_clipped_to_c(strategy
 
     def moved(x: torch.Tensor) -> float:
         got = bookkeeping._bookkeeping_sum(
-            model, loss, x, y, max_grad_norm=1.0, views=False, mask=alone, strategy=strategy
+            model, loss, x, y, policy=FlatClip(1.0), views=False, mask=alone, strategy=strategy
         )
         return float(torch.sqrt(sum(g.double().pow(2).sum() for g in got.grads.values())))
 

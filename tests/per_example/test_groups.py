@@ -16,8 +16,8 @@ from dpvision import PrivacyEngine
 from dpvision.accounting import PrivacyLedger
 from dpvision.cli import main
 from dpvision.errors import DPVisionError
+from dpvision.mechanisms.groups import group_of
 from dpvision.per_example import GroupNorms, clip_and_sum, per_layer
-from dpvision.per_example.groups import group_of
 from dpvision.testing import check_sensitivity, privacy_engine_release
 from dpvision.training import DPSGDStep
 
@@ -165,17 +165,17 @@ def test_the_noise_is_scaled_to_the_root_sum_of_squares_of_the_group_norms():
         model = nn.Sequential(nn.Linear(3, 2, bias=False), nn.Linear(2, 2, bias=False)).double()
         for param in model.parameters():
             nn.init.zeros_(param)
-        step = DPSGDStep(
+        step = DPSGDStep.build(
             model=model,
             optimizer=torch.optim.SGD(model.parameters(), lr=1.0),
             loss_fn=lambda out, y: 0.0 * out.sum(dim=-1),
             noise_multiplier=sigma,
-            max_grad_norm=1.0,
+            max_grad_norm=norms,
             sample_rate=0.01,
             num_examples=1000,
             ledger=PrivacyLedger(),
             generator=torch.Generator().manual_seed(seed),
-            groups=per_layer(model, norms),
+            clipping="per_layer",
         )
         step([(torch.ones(4, 3, dtype=torch.float64), torch.zeros(4, dtype=torch.long))])
         draws.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))

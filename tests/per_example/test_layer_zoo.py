@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from dpvision.errors import DPVisionError
+from dpvision.mechanisms.clip_policy import FlatClip
 from dpvision.models import FrozenBatchNorm, freeze_batchnorm, validate_model
 from dpvision.per_example import clip_and_sum, clipped_gradient_sum, supports_bookkeeping
 from dpvision.per_example.bookkeeping import _bookkeeping_sum, unsupported_layers
@@ -73,7 +74,7 @@ def test_attention_projections_by_ghost_and_materialised_norms(name, strategy):
     x, y = _data(shape, 3, 2, seed=3)
     expected = clipped_gradient_sum(model, LOSS, x, y, max_grad_norm=0.1, views=True)
     got = _bookkeeping_sum(
-        model, LOSS, x, y, max_grad_norm=0.1, views=True, mask=None, strategy=strategy
+        model, LOSS, x, y, policy=FlatClip(0.1), views=True, mask=None, strategy=strategy
     )
     _assert_same(got, expected)
 
@@ -238,7 +239,7 @@ def test_the_dpsgd_engine_steps_by_the_reference_sum_over_physical_chunks(name, 
     clip, n = 0.05, 70
     expected = clipped_gradient_sum(model, LOSS, x, y, max_grad_norm=clip, views=bool(views))
     before = {k: p.detach().clone() for k, p in model.named_parameters()}
-    step = DPSGDStep(
+    step = DPSGDStep.build(
         model=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=1.0),
         loss_fn=LOSS,
@@ -249,7 +250,7 @@ def test_the_dpsgd_engine_steps_by_the_reference_sum_over_physical_chunks(name, 
         ledger=PrivacyLedger(),
         generator=torch.Generator().manual_seed(0),
         views=bool(views),
-        clipping="bookkeeping",
+        method="bookkeeping",
     )
     step([(x[:3], y[:3]), (x[3:5], y[3:5]), (x[5:], y[5:])])  # three physical chunks
     for key, param in model.named_parameters():

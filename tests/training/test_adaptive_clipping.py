@@ -18,8 +18,9 @@ from dpvision.accounting import PrivacyLedger
 from dpvision.cli import main
 from dpvision.errors import DPVisionError
 from dpvision.learners import DPSGDLinear
+from dpvision.mechanisms.clip_policy import AdaptiveClip
 from dpvision.testing import check_sensitivity, dpsgd_release, learner_release
-from dpvision.training import AdaptiveClipping, DPSGDStep
+from dpvision.training import AdaptiveClipping, DPSGDStep, GradientRelease, ReleaseContext
 
 BATCH, N = 200, 20_000  # q = 0.01
 
@@ -28,16 +29,17 @@ def _step(adaptive, sigma=1.0, ledger=None, generator=None):
     # loss = w·x: example i's gradient is xᵢ, its norm ‖xᵢ‖.
     model = nn.Linear(4, 1, bias=False).double()
     return model, DPSGDStep(
-        model=model,
-        optimizer=torch.optim.SGD(model.parameters(), lr=0.0),
-        loss_fn=lambda out, y: out.sum(dim=-1),
-        noise_multiplier=sigma,
-        max_grad_norm=adaptive.initial,
-        sample_rate=BATCH / N,
-        num_examples=N,
-        ledger=ledger if ledger is not None else PrivacyLedger(),
-        generator=generator or torch.Generator().manual_seed(0),
-        adaptive=adaptive,
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        lambda out, y: out.sum(dim=-1),
+        release=GradientRelease(
+            noise_multiplier=sigma, sample_rate=BATCH / N, expected_batch_size=BATCH
+        ),
+        policy=AdaptiveClip(adaptive),
+        context=ReleaseContext(
+            ledger=ledger if ledger is not None else PrivacyLedger(),
+            generator=generator or torch.Generator().manual_seed(0),
+        ),
     )
 
 
@@ -109,7 +111,7 @@ def test_the_sensitivity_checker_passes_with_adaptive_clipping():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).double()
     data = (torch.randn(12, 4, dtype=torch.float64), torch.arange(12) % 3)
-    run = dpsgd_release(model, max_grad_norm=0.5, steps=3, adaptive={"count_noise": 2.0})
+    run = dpsgd_release(model, max_grad_norm=0.5, steps=3, policy="adaptive", unclipped_num_std=2.0)
     report = check_sensitivity(run, data, positions=[0, 5, 12], scale=30.0)
     assert report.ok, report.summary()
     assert report.max_ratio > 0.5, report.summary()

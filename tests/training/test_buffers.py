@@ -59,7 +59,7 @@ OBSERVERS = [InPlaceObserver, ReassigningObserver, DataObserver]
 
 
 def _step(model: nn.Module, ledger: PrivacyLedger, clipping: str = "auto") -> DPSGDStep:
-    return DPSGDStep(
+    return DPSGDStep.build(
         model=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=1.0),
         loss_fn=ROW_LOSS,
@@ -69,7 +69,7 @@ def _step(model: nn.Module, ledger: PrivacyLedger, clipping: str = "auto") -> DP
         num_examples=100,
         ledger=ledger,
         generator=torch.Generator().manual_seed(0),
-        clipping=clipping,
+        method=clipping,
     )
 
 

@@ -12,7 +12,8 @@ from dpvision.config import resolve
 from dpvision.errors import DPVisionError
 from dpvision.models.encoder import read_encoder
 from dpvision.runs.train import run_training
-from dpvision.training.pretrain import PretrainOptions, pretrain
+from dpvision.training.pretrain import pretrain
+from dpvision.training.pretrain_options import PretrainOptions
 
 STEPS = 12
 SIDE = 12
@@ -196,7 +197,7 @@ def test_resume_across_the_phase_boundary_is_exact(
     reference = tmp_path / "reference.ckpt"
     run_training(config, quiet=True, checkpoint=reference)
 
-    from dpvision.training.engine import DPSGDStep
+    from dpvision.training import DPSGDStep
 
     original = DPSGDStep.__call__
     calls = {"n": 0}

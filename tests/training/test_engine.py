@@ -21,7 +21,7 @@ def _zero_gradient_model() -> nn.Module:
 def _updates(splits: int, steps: int, seed: int) -> torch.Tensor:
     model = _zero_gradient_model()
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
-    step = DPSGDStep(
+    step = DPSGDStep.build(
         model=model,
         optimizer=optimizer,
         loss_fn=lambda out, y: 0.0 * out.sum(dim=-1),
@@ -64,7 +64,7 @@ def test_noise_per_micro_batch_would_be_caught():
 def test_each_logical_step_is_one_ledger_entry_and_empty_batches_get_noise():
     model = _zero_gradient_model()
     ledger = PrivacyLedger()
-    step = DPSGDStep(
+    step = DPSGDStep.build(
         model=model,
         optimizer=torch.optim.SGD(model.parameters(), lr=1.0),
         loss_fn=lambda out, y: 0.0 * out.sum(dim=-1),

@@ -20,12 +20,9 @@ from dpvision.models.finetune import trainable_names
 from dpvision.models.weights import read_weights
 from dpvision.runs.saved import load_model
 from dpvision.runs.train import run_training
-from dpvision.training import supervised
-from dpvision.training.supervised import (
-    SupervisedOptions,
-    check_private_rows,
-    pretrain_supervised,
-)
+from dpvision.training.pretrain_options import SupervisedOptions
+from dpvision.training.session import Session
+from dpvision.training.supervised import check_private_rows, pretrain_supervised
 
 SIDE = 12
 
@@ -119,17 +116,17 @@ def test_pretraining_records_what_it_was_trained_on(files):
 def test_pretraining_resumes_to_the_same_weights(files, tmp_path, monkeypatch):
     whole = tmp_path / "whole.pt"
     pretrain_supervised(_options(files["data"]), whole, quiet=True)
-    original = supervised._Session.save
+    original = Session.save
 
     def save_then_stop(self, path):  # type: ignore[no-untyped-def]
         original(self, path)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(supervised._Session, "save", save_then_stop)
+    monkeypatch.setattr(Session, "save", save_then_stop)
     checkpoint = tmp_path / "run.ckpt"
     with pytest.raises(KeyboardInterrupt):
         pretrain_supervised(_options(files["data"]), tmp_path / "x.pt", checkpoint=checkpoint)
-    monkeypatch.setattr(supervised._Session, "save", original)
+    monkeypatch.setattr(Session, "save", original)
     pretrain_supervised(
         _options(files["data"]), tmp_path / "resumed.pt", checkpoint=checkpoint, quiet=True
     )

@@ -16,7 +16,8 @@ from dpvision.training.contrastive import (
     contrastive_views,
     uniformity,
 )
-from dpvision.training.pretrain import PretrainOptions, learning_rate_at, pretrain
+from dpvision.training.pretrain import learning_rate_at, pretrain
+from dpvision.training.pretrain_options import PretrainOptions
 
 SMALL = {
     "model": "mlp-16",

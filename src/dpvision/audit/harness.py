@@ -34,7 +34,7 @@ from dpvision.config import TrainConfig, load_toml, override, parse_override, re
 from dpvision.errors import DPVisionError
 from dpvision.features import Progress
 from dpvision.recipes import AUTO
-from dpvision.runs.recipe import apply_recipe
+from dpvision.runs.auto import apply_recipe
 
 
 @dataclasses.dataclass(frozen=True)

@@ -40,20 +40,26 @@ from torch.func import functional_call, vmap
 
 from dpvision.accounting import PrivacyLedger, default_accountant
 from dpvision.audit.canaries import AuditData
+from dpvision.averaging import ParameterEMA
 from dpvision.config import TrainConfig
 from dpvision.data.augment import augment_views
 from dpvision.data.inputs import pixel_inputs
 from dpvision.errors import DPVisionError
 from dpvision.features import extract_features, feature_shape, parse_feature_spec
 from dpvision.mechanisms import PoissonSampler, clipping
+from dpvision.mechanisms.clip_policy import ClipPolicy, make_clip_policy
+from dpvision.mechanisms.clipped_sum import ClippedGradientSum
+from dpvision.mechanisms.gradient_release import (
+    GradientRelease,
+    ReleaseContext,
+    noisy_step,
+)
 from dpvision.mechanisms.secret import SecretRandomness
 from dpvision.models.registry import build_model
-from dpvision.per_example import ClippedGradientSum, functional_clipped_sum, per_layer
-from dpvision.per_example.groups import GroupNorms, group_of
+from dpvision.per_example import functional_clipped_sum
 from dpvision.runs import features as feature_runs
-from dpvision.runs.dpsgd import noise_multiplier_for, run_seeds
-from dpvision.runs.recipe import apply_recipe
-from dpvision.training.engine import GradientRelease, ParameterEMA, noisy_step
+from dpvision.runs.auto import apply_recipe
+from dpvision.runs.schedule import noise_multiplier_for, run_seeds
 from dpvision.training.optimizers import make_optimizer
 
 Progress = Callable[[int], None]
@@ -273,16 +279,15 @@ class GradientCanaries:
         self,
         sums: dict[str, torch.Tensor],
         sample_rate: float,
-        clip: float,
-        groups: GroupNorms | None = None,
+        policy: ClipPolicy,
     ) -> None:
         """Adds the clipped gradients of the canaries drawn into this step's batch to the
-        (one run's) clipped sums ``sums`` (name → (1, ...)), in place; with ``groups`` a
-        canary is clipped to the C_g of its parameter's layer."""
+        (one run's) clipped sums ``sums`` (name → (1, ...)), in place; a canary is clipped
+        to the policy's bound on its parameter (C_g of its layer, per layer)."""
         drawn = self.included & (self._draws.random(len(self.included)) < sample_rate)
         offset = 0
         for name, value in sums.items():
-            bound = clip if groups is None else groups.norm(group_of(name))
+            bound = policy.bound(name)
             norm = torch.tensor([self.scale * bound], dtype=torch.float64)
             size = float(clipping.clip_factors(norm, bound)[0]) * self.scale * bound
             flat = value.view(-1)
@@ -343,8 +348,12 @@ class DPSGDTarget(AuditTarget):
             options.model, tuple(self.inputs.shape[1:]), data.num_classes, groups=options.groups
         ).to(device)
         self.init = {k: v.detach().clone() for k, v in self.model.named_parameters()}
-        per_layer_clipping = options.clipping_mode == "per-layer"
-        self.groups = per_layer(self.model, options.max_grad_norm) if per_layer_clipping else None
+        self.policy = make_clip_policy(
+            options.clipping_mode,
+            options.max_grad_norm,
+            expected_batch_size=self.sample_rate * self.public_size,
+            model=self.model,
+        )
         self.buffers = {k: v.detach() for k, v in self.model.named_buffers()}
         parameters = sum(v.numel() for v in self.init.values())
         views = max(options.augmult, 1)
@@ -447,8 +456,7 @@ class DPSGDTarget(AuditTarget):
                 batch,
                 targets,
                 keep,
-                max_grad_norm=options.max_grad_norm,
-                groups=self.groups,
+                policy=self.policy,
             )
             return grads
 
@@ -471,18 +479,19 @@ class DPSGDTarget(AuditTarget):
             params = {k: v.detach() for k, v in stack.stacked().items()}
             sums = vmap(clipped, in_dims=(0, batch_dim, 0))(params, batch, keep.view(runs, n))
             if gradient_canaries is not None:
-                gradient_canaries.add_to(sums, self.sample_rate, options.max_grad_norm, self.groups)
+                gradient_canaries.add_to(sums, self.sample_rate, self.policy)
             # Each run's clipped sum has sensitivity C; the noise is drawn for every run.
-            total = ClippedGradientSum.zeros(stack.stacked(), l2_sensitivity=options.max_grad_norm)
+            total = ClippedGradientSum.zeros(
+                stack.stacked(), l2_sensitivity=self.policy.l2_sensitivity
+            )
             total.grads = sums
             noisy_step(
                 total,
                 stack.stacked(),
                 release=release,
+                policy=self.policy,
                 optimizer=optimizer,
-                ledger=ledger,
-                generator=noise,
-                ema=ema,
+                context=ReleaseContext(ledger=ledger, generator=noise, ema=ema),
             )
         self.last_ledger = ledger
         if ema is not None:

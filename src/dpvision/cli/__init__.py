@@ -15,6 +15,7 @@ Commands:
   dpvision cache            list or clear the feature cache and downloaded datasets
 
 One module per command (:mod:`dpvision.cli.train`, …), each with ``add_parser`` and ``run``.
+:data:`COMMAND_TABLE` is the one registry: the parser and the dispatch are both built from it.
 
 User errors (bad values, unreachable targets) print one line on stderr and exit with code 2.
 """
@@ -23,6 +24,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from dpvision.cli import audit, cache, model, pretrain, privacy, report, train, tune
 from dpvision.cli.arguments import EXIT_USAGE, Parser, redact_secrets
@@ -31,21 +33,26 @@ from dpvision.errors import DPVisionError
 from dpvision.log import configure, logger
 from dpvision.version import __version__
 
-__all__ = ["SYNTHETIC_KINDS", "build_parser", "main"]
+__all__ = ["COMMANDS", "COMMAND_TABLE", "SYNTHETIC_KINDS", "build_parser", "main"]
 
-COMMANDS: dict[str, Callable[[argparse.Namespace], None]] = {
-    "privacy": privacy.run,
-    "train": train.run,
-    "tune": tune.run,
-    "audit": audit.run,
-    "pretrain": pretrain.run_pretrain,
-    "synth": pretrain.run_synth,
-    "sweep": report.run_sweep,
-    "report": report.run_report,
-    "predict": model.run_predict,
-    "evaluate": model.run_evaluate,
-    "cache": cache.run,
-}
+Runner = Callable[[argparse.Namespace], None]
+
+COMMAND_TABLE: tuple[tuple[Callable[[Any], None], dict[str, Runner]], ...] = (
+    (privacy.add_parser, {"privacy": privacy.run}),
+    (train.add_parser, {"train": train.run}),
+    (tune.add_parser, {"tune": tune.run}),
+    (audit.add_parser, {"audit": audit.run}),
+    (pretrain.add_pretrain_parser, {"pretrain": pretrain.run_pretrain}),
+    (pretrain.add_synth_parser, {"synth": pretrain.run_synth}),
+    (report.add_parsers, {"sweep": report.run_sweep, "report": report.run_report}),
+    (model.add_parsers, {"predict": model.run_predict, "evaluate": model.run_evaluate}),
+    (cache.add_parser, {"cache": cache.run}),
+)
+"""Every command, in the order ``dpvision --help`` lists them: a function that adds the
+parsers of one or more commands to the subparsers, and each of those commands' ``run``."""
+
+COMMANDS: dict[str, Runner] = {name: run for _, runs in COMMAND_TABLE for name, run in runs.items()}
+"""Command name → its ``run`` (from :data:`COMMAND_TABLE`)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,15 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(
         dest="command", required=True, parser_class=Parser, metavar="COMMAND"
     )
-    privacy.add_parser(commands)
-    train.add_parser(commands)
-    tune.add_parser(commands)
-    audit.add_parser(commands)
-    pretrain.add_pretrain_parser(commands)
-    pretrain.add_synth_parser(commands)
-    report.add_parsers(commands)
-    model.add_parsers(commands)
-    cache.add_parser(commands)
+    for add_parsers, runs in COMMAND_TABLE:
+        before = set(commands.choices)
+        add_parsers(commands)
+        added = set(commands.choices) - before
+        # The table names exactly the commands each function adds: none runs unlisted.
+        assert added == set(runs), f"{add_parsers.__qualname__} added {sorted(added)}"
     return parser
 
 

@@ -89,7 +89,8 @@ def run_pretrain(args: argparse.Namespace) -> None:
 
     # local import: start-up time
     from dpvision.fileio import write_json_atomic
-    from dpvision.training.pretrain import PretrainOptions, pretrain
+    from dpvision.training.pretrain import pretrain
+    from dpvision.training.pretrain_options import PretrainOptions
 
     raw: dict[str, Any] = {}
     objective = args.objective
@@ -154,7 +155,8 @@ def run_supervised(raw: dict[str, Any], args: argparse.Namespace) -> None:
     # local import: start-up time
     from dpvision.devices import resolve_device
     from dpvision.fileio import write_json_atomic
-    from dpvision.training.supervised import SupervisedOptions, pretrain_supervised
+    from dpvision.training.pretrain_options import SupervisedOptions
+    from dpvision.training.supervised import pretrain_supervised
 
     options = SupervisedOptions.from_dict(raw)
     device = resolve_device(args.device)

@@ -14,7 +14,9 @@ Names:
 * ``imagefolder:PATH``: ``PATH/train/<class>/*.png`` and ``PATH/test/<class>/*``
   (:mod:`dpvision.data.imagefolder`); needs Pillow.
 
-Named datasets with files are found as described in :mod:`dpvision.data.sources`.
+Named datasets with files are found as described in :mod:`dpvision.data.sources`. Each entry
+of the registry knows its loader (:attr:`DatasetInfo.loader`; :data:`PATH_LOADERS` for the
+path forms): :func:`load_dataset` checks the public shape, then dispatches.
 
 Loading reads the private data into memory (``npy:DIR``: maps it) and nothing else: no
 statistic of the data is computed, logged or released here.
@@ -22,7 +24,9 @@ statistic of the data is computed, logged or released here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +37,7 @@ from dpvision.errors import DPVisionError
 
 __all__ = [
     "DATASETS",
+    "PATH_LOADERS",
     "PATH_PREFIXES",
     "DatasetInfo",
     "available_datasets",
@@ -54,6 +59,10 @@ class DatasetInfo:
         num_classes: Number of classes.
         class_names: Names of the classes, if known.
         needs_files: Whether it is read from files (found as in :mod:`dpvision.data.sources`).
+        loader: ``loader(info, data_dir, download)`` reads it (see :func:`load_dataset` for
+            the arguments).
+
+    Privacy: the loader reads the private data into memory and releases nothing.
     """
 
     name: str
@@ -61,15 +70,104 @@ class DatasetInfo:
     num_classes: int
     class_names: tuple[str, ...] | None
     needs_files: bool = True
+    loader: DatasetLoader = field(
+        default=lambda info, _data_dir, _download: _unloadable(info), repr=False, compare=False
+    )
+
+
+DatasetLoader = Callable[[DatasetInfo, "str | Path | None", bool], ImageDataset]
+"""``loader(info, data_dir, download)``: a named dataset's arrays (:attr:`DatasetInfo.loader`)."""
+
+PathLoader = Callable[[str, Path, "int | None", "int | None"], ImageDataset]
+"""``loader(name, path, num_classes, channels)``: a dataset named by its path."""
+
+
+def _unloadable(info: DatasetInfo) -> ImageDataset:
+    """The loader of an entry made without one: a one-line error."""
+    raise DPVisionError(f"dataset {info.name} has no loader")
+
+
+def _load_digits(info: DatasetInfo, data_dir: str | Path | None, download: bool) -> ImageDataset:
+    """scikit-learn's digits (no files: ``data_dir`` and ``download`` are ignored).
+
+    Privacy: reads the private data into memory and releases nothing.
+    """
+    return _make(info, *digits.load_digits_arrays())
+
+
+def _load_idx(info: DatasetInfo, data_dir: str | Path | None, download: bool) -> ImageDataset:
+    """Finds and reads the four IDX files of ``mnist`` or ``fashion-mnist``.
+
+    Privacy: reads the private data into memory; a label out of range is refused with the
+    file's name and the largest label (a defect of the file, never logged otherwise).
+    """
+    files = sources.locate(info.name, data_dir, _find_idx_files, _IDX_EXPECTED, download=download)
+    arrays: list[np.ndarray] = []
+    for split in ("train", "test"):
+        images, labels = idx.load_idx_split(files[f"{split}_images"], files[f"{split}_labels"])
+        if labels.size and labels.max() >= info.num_classes:
+            raise DPVisionError(
+                f"{files[f'{split}_labels']}: labels go up to {labels.max()} but {info.name} has "
+                f"{info.num_classes} classes; replace it with the original file"
+            )
+        arrays.extend([images, labels])
+    return _make(info, *arrays)
+
+
+def _find_idx_files(candidate: Path) -> dict[str, Path] | None:
+    """The four IDX files in ``candidate``, or ``None`` unless all of them are there."""
+    found = {key: idx.find_idx_file(candidate, stem) for key, stem in idx.MNIST_FILES.items()}
+    if any(path is None for path in found.values()):
+        return None
+    return {key: path for key, path in found.items() if path is not None}
+
+
+def _load_cifar(
+    layout: cifar.CifarLayout, info: DatasetInfo, data_dir: str | Path | None, download: bool
+) -> ImageDataset:
+    """Finds and reads the python-version pickles of CIFAR-10 or CIFAR-100.
+
+    Privacy: reads the private data into memory and releases nothing.
+    """
+    folder = sources.locate(
+        info.name,
+        data_dir,
+        lambda candidate: cifar.find_cifar_dir(candidate, layout),
+        f"{layout.folder}/ with {', '.join(layout.all_files)}",
+        download=download,
+    )
+    return _make(info, *cifar.load_cifar(folder, layout))
+
+
+def _load_medmnist(info: DatasetInfo, data_dir: str | Path | None, download: bool) -> ImageDataset:
+    """Finds and reads a MedMNIST ``<name>.npz`` (train and test splits).
+
+    Privacy: reads the private data into memory and releases nothing.
+    """
+    path = sources.locate(
+        info.name,
+        data_dir,
+        lambda candidate: npzfiles.find_medmnist_file(candidate, info.name),
+        f"{info.name}.npz",
+        download=download,
+    )
+    return _make(info, *npzfiles.load_medmnist(path, info.num_classes))
 
 
 DATASETS: dict[str, DatasetInfo] = {
     info.name: info
     for info in (
         DatasetInfo(
-            "digits", "scikit-learn digits, 8x8 grayscale (no download)", 10, _DIGIT_NAMES, False
+            "digits",
+            "scikit-learn digits, 8x8 grayscale (no download)",
+            10,
+            _DIGIT_NAMES,
+            False,
+            loader=_load_digits,
         ),
-        DatasetInfo("mnist", "MNIST handwritten digits, 28x28 grayscale", 10, _DIGIT_NAMES),
+        DatasetInfo(
+            "mnist", "MNIST handwritten digits, 28x28 grayscale", 10, _DIGIT_NAMES, loader=_load_idx
+        ),
         DatasetInfo(
             "fashion-mnist",
             "Fashion-MNIST Zalando article images, 28x28 grayscale",
@@ -86,9 +184,22 @@ DATASETS: dict[str, DatasetInfo] = {
                 "Bag",
                 "Ankle boot",
             ),
+            loader=_load_idx,
         ),
-        DatasetInfo("cifar10", "CIFAR-10, 32x32 RGB", 10, cifar.CIFAR10.class_names),
-        DatasetInfo("cifar100", "CIFAR-100 (fine labels), 32x32 RGB", 100, None),
+        DatasetInfo(
+            "cifar10",
+            "CIFAR-10, 32x32 RGB",
+            10,
+            cifar.CIFAR10.class_names,
+            loader=functools.partial(_load_cifar, cifar.CIFAR10),
+        ),
+        DatasetInfo(
+            "cifar100",
+            "CIFAR-100 (fine labels), 32x32 RGB",
+            100,
+            None,
+            loader=functools.partial(_load_cifar, cifar.CIFAR100),
+        ),
         DatasetInfo(
             "dermamnist",
             "MedMNIST DermaMNIST dermatoscopy, 28x28 RGB (train/test; val ignored)",
@@ -102,13 +213,11 @@ DATASETS: dict[str, DatasetInfo] = {
                 "melanocytic nevi",
                 "vascular lesions",
             ),
+            loader=_load_medmnist,
         ),
     )
 }
 """The named datasets, by name."""
-
-PATH_PREFIXES = ("npz:", "npy:", "imagefolder:")
-"""Prefixes of the dataset names that carry a path."""
 
 _ALIASES = {
     "fashion_mnist": "fashion-mnist",
@@ -189,58 +298,15 @@ def load_dataset(
     text = name.strip()
     lowered = text.lower()
     check_public_shape(text, num_classes, channels)
-    for prefix in PATH_PREFIXES:
+    for prefix, load in PATH_LOADERS.items():
         if lowered.startswith(prefix):
-            path = text[len(prefix) :].strip()
-            return _load_path_dataset(text, prefix, path, num_classes, channels)
-    key = _ALIASES.get(lowered, lowered)
-    info = DATASETS.get(key)
+            raw_path = text[len(prefix) :].strip()
+            if not raw_path:
+                raise DPVisionError(f"dataset {text!r} names no path; write {prefix}PATH")
+            return load(text, Path(raw_path).expanduser(), num_classes, channels)
+    info = dataset_info(text)
     assert info is not None  # check_public_shape refused unknown names
-    if key == "digits":
-        return _make(info, *digits.load_digits_arrays())
-    if key in ("mnist", "fashion-mnist"):
-        return _load_idx(info, data_dir, download)
-    if key in ("cifar10", "cifar100"):
-        layout = cifar.CIFAR10 if key == "cifar10" else cifar.CIFAR100
-        folder = sources.locate(
-            key,
-            data_dir,
-            lambda candidate: cifar.find_cifar_dir(candidate, layout),
-            f"{layout.folder}/ with {', '.join(layout.all_files)}",
-            download=download,
-        )
-        return _make(info, *cifar.load_cifar(folder, layout))
-    path = sources.locate(
-        key,
-        data_dir,
-        lambda candidate: npzfiles.find_medmnist_file(candidate, key),
-        f"{key}.npz",
-        download=download,
-    )
-    return _make(info, *npzfiles.load_medmnist(path, info.num_classes))
-
-
-def _load_idx(info: DatasetInfo, data_dir: str | Path | None, download: bool) -> ImageDataset:
-    """Finds and reads the four IDX files of ``mnist`` or ``fashion-mnist``."""
-    files = sources.locate(info.name, data_dir, _find_idx_files, _IDX_EXPECTED, download=download)
-    arrays: list[np.ndarray] = []
-    for split in ("train", "test"):
-        images, labels = idx.load_idx_split(files[f"{split}_images"], files[f"{split}_labels"])
-        if labels.size and labels.max() >= info.num_classes:
-            raise DPVisionError(
-                f"{files[f'{split}_labels']}: labels go up to {labels.max()} but {info.name} has "
-                f"{info.num_classes} classes; replace it with the original file"
-            )
-        arrays.extend([images, labels])
-    return _make(info, *arrays)
-
-
-def _find_idx_files(candidate: Path) -> dict[str, Path] | None:
-    """The four IDX files in ``candidate``, or ``None`` unless all of them are there."""
-    found = {key: idx.find_idx_file(candidate, stem) for key, stem in idx.MNIST_FILES.items()}
-    if any(path is None for path in found.values()):
-        return None
-    return {key: path for key, path in found.items() if path is not None}
+    return info.loader(info, data_dir, download)
 
 
 def check_public_shape(name: str, num_classes: int | None, channels: int | None) -> None:
@@ -274,18 +340,30 @@ def check_public_shape(name: str, num_classes: int | None, channels: int | None)
         )
 
 
-def _load_path_dataset(
-    name: str, prefix: str, raw_path: str, num_classes: int | None, channels: int | None
+def _load_arrays(
+    load: Callable[[Path, int], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]],
+    name: str,
+    path: Path,
+    num_classes: int | None,
+    channels: int | None,
 ) -> ImageDataset:
-    """Loads ``npz:PATH``, ``npy:PATH`` or ``imagefolder:PATH``."""
-    if not raw_path:
-        raise DPVisionError(f"dataset {name!r} names no path; write {prefix}PATH")
-    path = Path(raw_path).expanduser()
-    if prefix in ("npz:", "npy:"):
-        assert num_classes is not None  # check_public_shape
-        load = npzfiles.load_array_npz if prefix == "npz:" else npzfiles.load_array_folder
-        x_train, y_train, x_test, y_test, m = load(path, num_classes)
-        return ImageDataset(name, x_train, y_train, x_test, y_test, num_classes=m)
+    """Loads ``npz:PATH`` or ``npy:PATH`` with ``load`` (its number of classes is public:
+    :func:`check_public_shape` required it).
+
+    Privacy: reads (``npy:``: maps) the private data and releases nothing.
+    """
+    assert num_classes is not None  # check_public_shape
+    x_train, y_train, x_test, y_test, m = load(path, num_classes)
+    return ImageDataset(name, x_train, y_train, x_test, y_test, num_classes=m)
+
+
+def _load_image_folder(
+    name: str, path: Path, num_classes: int | None, channels: int | None
+) -> ImageDataset:
+    """Loads ``imagefolder:PATH``; the classes are the public folder names.
+
+    Privacy: reads the private images into memory and releases nothing.
+    """
     x_train, y_train, x_test, y_test, classes = imagefolder.load_image_folder(
         path, channels=channels or 3
     )
@@ -296,6 +374,17 @@ def _load_path_dataset(
     return ImageDataset(
         name, x_train, y_train, x_test, y_test, num_classes=len(classes), class_names=classes
     )
+
+
+PATH_LOADERS: dict[str, PathLoader] = {
+    "npz:": functools.partial(_load_arrays, npzfiles.load_array_npz),
+    "npy:": functools.partial(_load_arrays, npzfiles.load_array_folder),
+    "imagefolder:": _load_image_folder,
+}
+"""Prefix of a dataset name that carries a path → its loader."""
+
+PATH_PREFIXES = tuple(PATH_LOADERS)
+"""Prefixes of the dataset names that carry a path: ``npz:``, ``npy:``, ``imagefolder:``."""
 
 
 def _make(info: DatasetInfo, *arrays: np.ndarray) -> ImageDataset:

@@ -39,7 +39,6 @@ Importing this module does not import torch; extraction does.
 from __future__ import annotations
 
 import functools
-import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -117,7 +116,8 @@ def block_names(body: nn.Module) -> list[str]:
 
 
 def encoder_digest(path: str | Path) -> str:
-    """SHA-256 of the encoder file's bytes (part of the feature cache key).
+    """SHA-256 of the encoder file's bytes (part of the feature cache key), by
+    :func:`dpvision.fileio.sha256_file` with the encoder's one-line errors.
 
     Raises:
         DPVisionError: The file does not exist or cannot be read.
@@ -127,14 +127,13 @@ def encoder_digest(path: str | Path) -> str:
         raise DPVisionError(
             f"encoder file {path} not found; make one with `dpvision pretrain --out {path}`"
         )
-    hasher = hashlib.sha256()
+    # local import: start-up time (dpvision.fileio imports torch)
+    from dpvision.fileio import sha256_file
+
     try:
-        with open(path, "rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                hasher.update(chunk)
+        return sha256_file(path)
     except OSError as error:
         raise DPVisionError(f"cannot read encoder {path} ({type(error).__name__})") from None
-    return hasher.hexdigest()
 
 
 class EncoderFeatures:
@@ -273,18 +272,20 @@ def load_backbone(spec: FeatureSpec, image_shape: tuple[int, ...]) -> tuple[nn.M
     from dpvision.models.encoder import EncoderInfo
     from dpvision.models.heads import body_of
     from dpvision.models.registry import build_network
+    from dpvision.models.spec import ModelSpec
     from dpvision.models.weights import load_weights
 
     height, width, channels = (int(size) for size in image_shape)
     shape = (channels, height, width)
-    model = build_network(str(spec.model), shape, 2, groups=16)
+    model_spec = ModelSpec.parse(str(spec.model))
+    model = build_network(model_spec, shape, 2, groups=16)
     record: dict[str, Any] = {}
     mean, std = _model_statistics(model, channels)
     if spec.weights is not None:
         record = dict(load_weights(model, spec.weights).record)
         mean, std = record.pop("input_statistics", (mean, std))
     body = body_of(model).eval()
-    return body, EncoderInfo(str(spec.model), shape, 16, mean, std, record)
+    return body, EncoderInfo(model_spec.text, shape, 16, mean, std, record)
 
 
 def _model_statistics(model: nn.Module, channels: int) -> tuple[tuple[float, ...], ...]:

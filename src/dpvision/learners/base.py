@@ -98,10 +98,6 @@ class PrivateFit:
     generator: NoiseGenerator
     workers: Workers
 
-    def unpack(self) -> tuple[int, float | None, PrivacyLedger, NoiseGenerator, Workers]:
-        """(num_classes, sigma, ledger, generator, workers)."""
-        return self.num_classes, self.sigma, self.ledger, self.generator, self.workers
-
 
 def check_releases(
     entries: Sequence[LedgerEntry],

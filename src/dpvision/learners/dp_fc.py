@@ -97,36 +97,35 @@ class DPFeatureCovariance(DPLinearClassifier):
     def _fit_private(
         self, features: np.ndarray, labels: np.ndarray, fit: PrivateFit
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        num_classes, sigma, ledger, generator, workers = fit.unpack()
         n, d = features.shape
         cg = self.covariance_clip_norm
-        start, stop = workers.row_range(n)
+        start, stop = fit.workers.row_range(n)
         features, labels = features[start:stop], labels[start:stop]  # this rank's rows
         gram = gram_statistics(
             features,
             labels,
-            num_classes=num_classes,
+            num_classes=fit.num_classes,
             clip_norm=cg,
             chunk_size=self.chunk_size,
         ).gram
-        workers.all_reduce_([gram])  # exact sums over all ranks; the noise comes after
+        fit.workers.all_reduce_([gram])  # exact sums over all ranks; the noise comes after
         gram = release_gaussian(
             gram,
             l2_sensitivity=cg * cg,
-            noise_multiplier=sigma,
-            ledger=ledger,
+            noise_multiplier=fit.sigma,
+            ledger=fit.ledger,
             released="DP-FC feature covariance",
-            generator=generator,
+            generator=fit.generator,
         )
         if self.ridge == "auto":
-            ridge = max(1e-6, 2 * (sigma or 0.0) * math.sqrt(d) / n) * cg * cg
+            ridge = max(1e-6, 2 * (fit.sigma or 0.0) * math.sqrt(d) / n) * cg * cg
         else:
             ridge = float(self.ridge) * cg * cg
         covariance = psd_project(symmetrize(gram) / n) + ridge * torch.eye(d, dtype=torch.float64)
         # One factorisation serves every step.
         factor = torch.linalg.cholesky(covariance)
-        weight = torch.zeros(num_classes, d, dtype=torch.float64)
-        bias = torch.full((num_classes,), float(self.bias), dtype=torch.float64)
+        weight = torch.zeros(fit.num_classes, d, dtype=torch.float64)
+        bias = torch.full((fit.num_classes,), float(self.bias), dtype=torch.float64)
         sq_norms = row_sq_norms(features, self.chunk_size)
         for _ in range(int(self.epochs)):
             grad = torch.zeros_like(weight)
@@ -146,14 +145,14 @@ class DPFeatureCovariance(DPLinearClassifier):
                     sq_norms=sq_norms[first : first + len(x)],
                 )
                 grad += gw
-            workers.all_reduce_([grad])
+            fit.workers.all_reduce_([grad])
             grad = release_gaussian(
                 grad,
                 l2_sensitivity=self.clip_norm,
-                noise_multiplier=sigma,
-                ledger=ledger,
+                noise_multiplier=fit.sigma,
+                ledger=fit.ledger,
                 released="DP-FC clipped gradient sum",
-                generator=generator,
+                generator=fit.generator,
             )
             # w ← w − η g̃ G̃⁻¹ (rows of w are classes): solve G̃ Δᵀ = g̃ᵀ.
             step = torch.cholesky_solve((grad / n).T, factor).T

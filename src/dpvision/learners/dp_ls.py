@@ -121,67 +121,66 @@ class DPLeastSquares(DPLinearClassifier):
     def _fit_private(
         self, features: np.ndarray, labels: np.ndarray, fit: PrivateFit
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        num_classes, sigma, ledger, generator, workers = fit.unpack()
         c = self.clip_norm
         n, d = features.shape
-        start, stop = workers.row_range(n)
+        start, stop = fit.workers.row_range(n)
         local_x, local_y = features[start:stop], labels[start:stop]
         stats = gram_statistics(
-            local_x, local_y, num_classes=num_classes, clip_norm=c, chunk_size=self.chunk_size
+            local_x, local_y, num_classes=fit.num_classes, clip_norm=c, chunk_size=self.chunk_size
         )
         gram, sums = stats.gram, stats.class_sums
-        workers.all_reduce_([gram, sums])  # exact sums over all ranks; the noise comes after
-        common = {"noise_multiplier": sigma, "ledger": ledger, "generator": generator}
+        fit.workers.all_reduce_([gram, sums])  # exact sums over all ranks; the noise comes after
+        common = {"noise_multiplier": fit.sigma, "ledger": fit.ledger, "generator": fit.generator}
         gram = release_gaussian(gram, l2_sensitivity=c * c, released="DP-LS G", **common)
         sums = release_gaussian(sums, l2_sensitivity=c, released="DP-LS b_j", **common)
         shared = self.alpha * symmetrize(gram)
-        ridge = self._ridge(n, d, sigma)
-        index = ClassIndex(local_y, num_classes)
-        coef = torch.zeros(num_classes, d, dtype=torch.float64)
+        ridge = self._ridge(n, d, fit.sigma)
+        index = ClassIndex(local_y, fit.num_classes)
+        coef = torch.zeros(fit.num_classes, d, dtype=torch.float64)
         block = max(1, self.max_block_bytes // (8 * d**2))
         # Two buffers reused by every block (fresh allocations of this size cost as much as
         # the noise draw): the block's d×d statistics, and its noise.
-        grams_buffer = torch.empty(min(block, num_classes), d, d, dtype=torch.float64)
+        grams_buffer = torch.empty(min(block, fit.num_classes), d, d, dtype=torch.float64)
         scratch = torch.empty(len(grams_buffer) * d * (d + 1) // 2, dtype=torch.float64)
-        for first in range(0, num_classes, block):
-            classes = range(first, min(first + block, num_classes))
+        for first in range(0, fit.num_classes, block):
+            classes = range(first, min(first + block, fit.num_classes))
             grams = class_grams(
                 local_x, index, classes, clip_norm=c, chunk_size=self.chunk_size, out=grams_buffer
             )
-            workers.all_reduce_([grams])
+            fit.workers.all_reduce_([grams])
             # The stack of all Aⱼ is one Gaussian release (sensitivity C²); its i.i.d. noise
             # is drawn block by block, which is the same mechanism, and recorded below.
             grams = observe_release(
                 grams, l2_sensitivity=c * c, released="DP-LS A_j", part=first > 0
             )
-            if sigma is not None:
+            if fit.sigma is not None:
                 # Symmetric noise on the lower triangles: the symmetrised Gaussian release
                 # with half the random numbers (the solve reads lower triangles only).
                 add_symmetric_gaussian_noise_(
                     grams,
                     l2_sensitivity=c * c,
-                    noise_multiplier=sigma,
-                    generator=generator,
+                    noise_multiplier=fit.sigma,
+                    generator=fit.generator,
                     scratch=scratch,
                 )
             report_released(grams, l2_sensitivity=c * c, released="DP-LS A_j", part=first > 0)
             # Post-processing: regularise, project to PSD and solve.
             # Each rank solves its share of the block's classes; the others stay zero in its
             # coef, so the final all-reduce assembles every class's solution exactly.
-            first_mine, last_mine = workers.row_range(len(classes))
+            first_mine, last_mine = fit.workers.row_range(len(classes))
             mine = slice(classes.start + first_mine, classes.start + last_mine)
             grams = grams[first_mine:last_mine]
             grams += shared
             coef[mine] = solve_psd(grams, sums[mine], ridge=ridge, overwrite_matrix=True)
-        # Recorded once every block's noise has been drawn (the ledger lists what ran).
-        if sigma is None:
-            ledger.record_non_private(released="DP-LS A_j (noise off)")
+        # Recorded once every block's noise has been drawn (the fit.ledger lists what ran).
+        if fit.sigma is None:
+            fit.ledger.record_non_private(released="DP-LS A_j (noise off)")
         else:
-            ledger.record(
-                noise_multiplier=sigma,
+            fit.ledger.record(
+                noise_multiplier=fit.sigma,
                 l2_sensitivity=c * c,
                 released="DP-LS A_j",
-                noise_source=noise_source(generator),
+                noise_source=noise_source(fit.generator),
             )
-        workers.all_reduce_([coef])
-        return coef, torch.zeros(num_classes, dtype=torch.float64)
+        fit.workers.all_reduce_([coef])
+        return coef, torch.zeros(fit.num_classes, dtype=torch.float64)

@@ -81,11 +81,10 @@ class DPNewton(DPLinearClassifier):
     def _fit_private(
         self, features: np.ndarray, labels: np.ndarray, fit: PrivateFit
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        num_classes, sigma, ledger, generator, workers = fit.unpack()
         n, d = features.shape
-        m, c = num_classes, self.clip_norm
+        m, c = fit.num_classes, self.clip_norm
         if self.ridge == "auto":
-            ridge = max(1e-4, 2 * (sigma or 0.0) * math.sqrt(m * d) * HESSIAN_BOUND / n) * c * c
+            ridge = max(1e-4, 2 * (fit.sigma or 0.0) * math.sqrt(m * d) * HESSIAN_BOUND / n) * c * c
         else:
             ridge = float(self.ridge) * c * c
         weight = torch.zeros(m, d, dtype=torch.float64)
@@ -95,7 +94,7 @@ class DPNewton(DPLinearClassifier):
             # At w = 0 every σ(z)(1 − σ(z)) is exactly 1/4, so all m Hessian sums equal G/4:
             # one Gram matrix instead of m weighted ones (the same exact statistic).
             at_zero = not bool(weight.any())
-            start, stop = workers.row_range(n)  # this rank's rows; sums all-reduced below
+            start, stop = fit.workers.row_range(n)  # this rank's rows; sums all-reduced below
             rows = (features[start:stop], labels[start:stop])
             for x, y in iter_chunks(*rows, chunk_size=self.chunk_size):
                 assert y is not None
@@ -109,10 +108,14 @@ class DPNewton(DPLinearClassifier):
                 curvature = probs * (1 - probs)  # (rows, m)
                 for j in range(m):
                     hessian[j].addmm_((x * curvature[:, j : j + 1]).T, x)
-            workers.all_reduce_([grad, hessian[0] if at_zero else hessian])
+            fit.workers.all_reduce_([grad, hessian[0] if at_zero else hessian])
             if at_zero:
                 hessian[1:] = hessian[0]
-            common = {"noise_multiplier": sigma, "ledger": ledger, "generator": generator}
+            common = {
+                "noise_multiplier": fit.sigma,
+                "ledger": fit.ledger,
+                "generator": fit.generator,
+            }
             grad = release_gaussian(
                 grad,
                 l2_sensitivity=math.sqrt(m) * c,

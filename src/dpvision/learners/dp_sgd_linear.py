@@ -8,17 +8,20 @@ materialised.
 """
 
 import math
-from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
 
-from dpvision.accounting import PrivacyLedger
-from dpvision.averaging import ema_decay as ema_schedule
+from dpvision.averaging import ParameterEMA
 from dpvision.errors import DPVisionError
 from dpvision.learners.base import DPLinearClassifier, PrivateFit
 from dpvision.learners.statistics import DEFAULT_CHUNK_SIZE, on_device, read_rows
-from dpvision.mechanisms import AdaptiveClipping, SecureRandom, clipping, release_gaussian
+from dpvision.mechanisms import PoissonSampler, SecureRandom
+from dpvision.mechanisms.clip_policy import ClipPolicy, make_clip_policy
+from dpvision.mechanisms.clipped_sum import ClippedGradientSum
+from dpvision.mechanisms.clipping import clip_factors
+from dpvision.mechanisms.gradient_release import GradientRelease, ReleaseContext, noisy_step
 
 LOSSES = ("softmax", "sigmoid")
 OPTIMIZERS = ("sgd", "momentum", "adam")
@@ -43,8 +46,7 @@ def clipped_gradient_sum(
     *,
     fit_intercept: bool,
     sq_norms: torch.Tensor | None = None,
-    unclipped: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, int]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Σᵢ clip(gᵢ, C) for the linear head, with gᵢ = eᵢ[xᵢ; 1]ᵀ, via one GEMM.
 
     Args:
@@ -52,24 +54,23 @@ def clipped_gradient_sum(
       clip_norm: C.
       fit_intercept: whether gᵢ includes the bias part eᵢ.
       sq_norms: ‖xᵢ‖² if already known (saves a pass over x).
-      unclipped: a scalar tensor the number of examples with ‖gᵢ‖ ≤ C is added to (exact,
-        private: adaptive clipping releases it only with noise).
 
     Returns:
-      (weight-gradient sum (m, d), bias-gradient sum (m,), number of non-finite per-example
-      gradients, which were zeroed). Each example contributes at most C in L2 norm (pass
-      float64 tensors: in float32, rounding can exceed C by ~1e-6 relative).
+      (weight-gradient sum (m, d), bias-gradient sum (m,), the per-example norms ‖gᵢ‖ (b,),
+      non-finite for the gradients that were zeroed: exact and private). Each example
+      contributes at most C in L2 norm (pass float64 tensors: in float32, rounding can
+      exceed C by ~1e-6 relative).
+
+    Privacy:
+      Releases nothing; the sums have L2 sensitivity C under add/remove-one.
     """
     if sq_norms is None:
         sq_norms = (x * x).sum(dim=1)
     sq_norms = sq_norms.to(errors.dtype) + (1.0 if fit_intercept else 0.0)
     norms = torch.linalg.vector_norm(errors, dim=1) * torch.sqrt(sq_norms)
     finite = torch.isfinite(norms)  # a non-finite entry of xᵢ or eᵢ makes its norm non-finite
-    bad = int((~finite).sum())
-    if unclipped is not None:
-        unclipped += (norms <= clip_norm).sum().to(unclipped.dtype)
-    scale = clipping.clip_factors(norms, clip_norm)
-    if bad:
+    scale = clip_factors(norms, clip_norm)
+    if not bool(finite.all()):
         x = torch.where(finite.unsqueeze(1), x, torch.zeros_like(x))
         errors = torch.where(finite.unsqueeze(1), errors, torch.zeros_like(errors))
     weighted = errors.mul_(scale[:, None])
@@ -78,7 +79,7 @@ def clipped_gradient_sum(
         grad_b = weighted.sum(dim=0, dtype=torch.float64)
     else:
         grad_b = torch.zeros(errors.shape[1], dtype=torch.float64)
-    return grad_w, grad_b, bad
+    return grad_w, grad_b, norms
 
 
 def row_sq_norms(features: np.ndarray, chunk_size: int = DEFAULT_CHUNK_SIZE) -> torch.Tensor:
@@ -199,22 +200,21 @@ class DPSGDLinear(DPLinearClassifier):
         self.min_clipbound = min_clipbound
         self.max_clipbound = max_clipbound
 
-    def _adaptive(self, expected_batch: float) -> AdaptiveClipping | None:
-        """The adaptive clip norm of ``clipping_mode = "adaptive"`` (None: flat)."""
-        if self.clipping_mode == "flat":
-            return None
-        if self.clipping_mode != "adaptive":
+    def _policy(self, expected_batch: float) -> ClipPolicy:
+        """The clip policy of ``clipping_mode`` (flat or adaptive)."""
+        if self.clipping_mode not in ("flat", "adaptive"):
             raise DPVisionError(
                 f"clipping_mode must be 'flat' or 'adaptive', got {self.clipping_mode!r}"
             )
-        std = self.unclipped_num_std
-        return AdaptiveClipping(
-            initial=float(self.clip_norm),
-            count_noise=expected_batch / 20 if std is None else float(std),
-            target_quantile=self.target_unclipped_quantile,
-            learning_rate=self.clipbound_learning_rate,
-            min_clip=self.min_clipbound,
-            max_clip=self.max_clipbound,
+        return make_clip_policy(
+            self.clipping_mode,
+            float(self.clip_norm),
+            expected_batch_size=expected_batch,
+            target_unclipped_quantile=self.target_unclipped_quantile,
+            clipbound_learning_rate=self.clipbound_learning_rate,
+            unclipped_num_std=self.unclipped_num_std,
+            min_clipbound=self.min_clipbound,
+            max_clipbound=self.max_clipbound,
         )
 
     def _sample_rate(self, n: int) -> float:
@@ -251,108 +251,131 @@ class DPSGDLinear(DPLinearClassifier):
     def _fit_private(
         self, features: np.ndarray, labels: np.ndarray, fit: PrivateFit
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        num_classes, sigma, ledger, generator, workers = fit.unpack()
         n, d = features.shape
         q, steps = self._sample_rate(n), self._steps(n)
-        expected_batch = self.expected_batch_size or q * n
-        weight = torch.zeros(num_classes, d, dtype=torch.float64)
-        bias_init = (
-            self.bias_init
-            if self.bias_init is not None
-            else (-10.0 if self.loss == "sigmoid" else 0.0)
+        release = GradientRelease(
+            noise_multiplier=fit.sigma or 0.0,
+            sample_rate=q,
+            expected_batch_size=self.expected_batch_size or q * n,
+            released=RELEASED,
         )
-        bias = torch.full(
-            (num_classes,), float(bias_init) if self.fit_intercept else 0.0, dtype=torch.float64
-        )
-        state: dict[str, torch.Tensor] = {}
-        # The EMA starts from the initial parameters, as ParameterEMA's does.
-        average = (weight.clone(), bias.clone()) if self.ema_decay > 0 else None
-        uniforms: Callable[[int, int], np.ndarray]
-        if isinstance(generator, SecureRandom):  # the batches, too, from the CSPRNG
-            uniforms = lambda count, _: generator.uniform(count)  # noqa: E731
-        else:
-            # One stream per step: example i's coin at step t is the same whatever comes
-            # after i (i.i.d. secret coins; a neighbour appended keeps the others' coins).
-            seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-            uniforms = lambda count, t: np.random.default_rng([seed, t]).random(count)  # noqa: E731
+        head = _Head(fit.num_classes, d, self._bias_init())
+        optimizer = self._torch_optimizer(head.parameters())
+        if not self.fit_intercept:  # post-processing: the bias part's update is dropped
+            optimizer.register_step_pre_hook(head.drop_bias_update)
+        ema = ParameterEMA(head, self.ema_decay) if self.ema_decay > 0 else None
+        context = ReleaseContext(fit.ledger, fit.generator, fit.workers, ema)
+        sampler = self._sampler(n, q, steps, fit.generator)
         sq_norms = row_sq_norms(features, self.chunk_size)
-        all_rows = np.arange(n)
-        adaptive = self._adaptive(expected_batch)
-        sum_sigma = sigma
-        if adaptive is not None and sigma is not None:
-            sum_sigma = adaptive.sum_noise_multiplier(sigma)  # the count takes the rest
-        for step in range(steps):
-            clip = self.clip_norm if adaptive is None else adaptive.clip
-            unclipped = None if adaptive is None else torch.zeros((), dtype=torch.float64)
-            # Poisson sampling: every example joins independently with probability q.
-            batch = np.flatnonzero(uniforms(n, step) < q) if q < 1 else all_rows
-            batch = workers.split(batch)  # this rank's share; the sums are all-reduced below
-            grad_w = torch.zeros_like(weight)
-            grad_b = torch.zeros_like(bias)
-            for start in range(0, len(batch), self.chunk_size):
-                index = batch[start : start + self.chunk_size]
-                x = _rows(features, index)
-                y = on_device(torch.from_numpy(np.asarray(labels[index], dtype=np.int64)))
-                errors = loss_gradient(torch.addmm(bias, x, weight.T), y, self.loss)
-                gw, gb, _ = clipped_gradient_sum(
-                    x,
-                    errors,
-                    clip,
-                    fit_intercept=self.fit_intercept,
-                    sq_norms=sq_norms[on_device(torch.from_numpy(index))],
-                    unclipped=unclipped,
-                )
-                grad_w += gw
-                grad_b += gb
-            workers.all_reduce_([grad_w, grad_b])
-            flat = torch.cat([grad_w.reshape(-1), grad_b])
-            flat = release_gaussian(
-                flat,
-                l2_sensitivity=clip,
-                noise_multiplier=sum_sigma,
-                ledger=ledger if adaptive is None else PrivacyLedger(),
-                released="linear-head clipped gradient sum",
-                sample_rate=q,
-                generator=generator,
+        policy = self._policy(release.expected_batch_size)
+        for batch in sampler:
+            batch = fit.workers.split(batch)  # this rank's share; the sums are all-reduced
+            clipped = self._clipped_sum(features, labels, batch, head, sq_norms, policy)
+            policy.observe(clipped.norms)  # private; only the adaptive count's release uses it
+            noisy_step(
+                clipped,
+                {"theta": head.theta},
+                release=release,
+                policy=policy,
+                optimizer=optimizer,
+                context=context,
             )
-            if adaptive is not None and unclipped is not None:
-                workers.all_reduce_([unclipped])
-                adaptive.release(
-                    unclipped,
-                    sigma=sigma,
-                    sample_rate=q,
-                    expected_batch_size=expected_batch,
-                    ledger=ledger,
-                    generator=generator,
-                    released="linear-head clipped gradient sum",
-                )
-            update = self._optimizer_step(flat / expected_batch, state, step)
-            weight -= update[: weight.numel()].reshape(weight.shape)
-            if self.fit_intercept:
-                bias -= update[weight.numel() :]
-            if average is not None:
-                mu = ema_schedule(self.ema_decay, step)
-                for mean, value in zip(average, (weight, bias), strict=True):
-                    mean.mul_(mu).add_(value, alpha=1 - mu)
         # Adaptive clipping: the last clip norm (post-processing of the noisy counts).
-        self.final_clip_norm_ = None if adaptive is None else adaptive.clip
-        return average if average is not None else (weight, bias)
+        self.final_clip_norm_ = policy.adapted_clip
+        averaged = head if ema is None else ema.copy_to(_Head(fit.num_classes, d, 0.0))
+        return averaged.weight.detach().clone(), averaged.bias.detach().clone()
 
-    def _optimizer_step(
-        self, grad: torch.Tensor, state: dict[str, torch.Tensor], step: int
-    ) -> torch.Tensor:
-        """Post-processing of the privatised gradient into a parameter update."""
-        lr = self.learning_rate
-        if self.optimizer == "sgd":
-            return lr * grad
-        if self.optimizer == "momentum":
-            velocity = state.get("velocity", torch.zeros_like(grad)) * self.momentum + grad
-            state["velocity"] = velocity
-            return lr * velocity
-        beta1, beta2 = self.betas
-        m = state.get("m", torch.zeros_like(grad)) * beta1 + (1 - beta1) * grad
-        v = state.get("v", torch.zeros_like(grad)) * beta2 + (1 - beta2) * grad * grad
-        state["m"], state["v"] = m, v
-        m_hat = m / (1 - beta1 ** (step + 1))
-        v_hat = v / (1 - beta2 ** (step + 1))
-        return lr * m_hat / (v_hat.sqrt() + 1e-8)
+    def _bias_init(self) -> float:
+        """The bias's start: ``bias_init``, else −10 for the sigmoid loss (Mehta et al.)."""
+        if not self.fit_intercept:
+            return 0.0
+        if self.bias_init is not None:
+            return float(self.bias_init)
+        return -10.0 if self.loss == "sigmoid" else 0.0
+
+    def _torch_optimizer(self, params: Any) -> torch.optim.Optimizer:
+        """The first-order optimizer on the privatised gradient (post-processing)."""
+        if self.optimizer == "adam":
+            return torch.optim.Adam(params, lr=self.learning_rate, betas=self.betas, eps=1e-8)
+        momentum = self.momentum if self.optimizer == "momentum" else 0.0
+        return torch.optim.SGD(params, lr=self.learning_rate, momentum=momentum)
+
+    @staticmethod
+    def _sampler(n: int, q: float, steps: int, generator: Any) -> PoissonSampler:
+        """Poisson batches from the fit's secret randomness (the CSPRNG in secure mode)."""
+        if isinstance(generator, SecureRandom):
+            return PoissonSampler(num_examples=n, sample_rate=q, steps=steps, secure=True)
+        seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+        return PoissonSampler(num_examples=n, sample_rate=q, steps=steps, seed=seed)
+
+    def _clipped_sum(
+        self,
+        features: np.ndarray,
+        labels: np.ndarray,
+        batch: np.ndarray,
+        head: "_Head",
+        sq_norms: torch.Tensor,
+        policy: ClipPolicy,
+    ) -> ClippedGradientSum:
+        """Σ_{i∈batch} clip(gᵢ) of the head, one chunk of rows at a time.
+
+        Privacy:
+          Releases nothing; the sum (weights and bias together, flattened as ``theta``) has
+          the policy's L2 sensitivity C under add/remove-one (float64 throughout).
+        """
+        weight, bias = head.weight.detach(), head.bias.detach()
+        grad_w, grad_b = torch.zeros_like(weight), torch.zeros_like(bias)
+        norms = []
+        for start in range(0, len(batch), self.chunk_size):
+            index = batch[start : start + self.chunk_size]
+            x = _rows(features, index)
+            y = on_device(torch.from_numpy(np.asarray(labels[index], dtype=np.int64)))
+            errors = loss_gradient(torch.addmm(bias, x, weight.T), y, self.loss)
+            gw, gb, chunk_norms = clipped_gradient_sum(
+                x,
+                errors,
+                policy.max_grad_norm,
+                fit_intercept=self.fit_intercept,
+                sq_norms=sq_norms[on_device(torch.from_numpy(index))],
+            )
+            grad_w += gw
+            grad_b += gb
+            norms.append(chunk_norms)
+        return ClippedGradientSum(
+            grads={"theta": torch.cat([grad_w.reshape(-1), grad_b])},
+            l2_sensitivity=policy.l2_sensitivity,
+            count=len(batch),
+            nonfinite=0,  # not counted: an exact count would be a statistic of the data
+            norms=torch.cat(norms) if norms else torch.zeros(0, dtype=torch.float64),
+        )
+
+
+RELEASED = "linear-head clipped gradient sum"
+
+
+class _Head(torch.nn.Module):
+    """The linear head's parameters as one flat vector θ = [W; b] (float64): one noisy
+    release per step over both, as one tensor."""
+
+    def __init__(self, num_classes: int, dim: int, bias: float) -> None:
+        super().__init__()
+        theta = torch.zeros(num_classes * dim + num_classes, dtype=torch.float64)
+        theta[num_classes * dim :] = bias
+        self.theta = torch.nn.Parameter(theta)
+        self.shape = (num_classes, dim)
+        self.bias_slice = slice(num_classes * dim, None)
+
+    def drop_bias_update(self, *_: Any) -> None:
+        """Zeroes the bias part of θ's gradient (an optimizer pre-step hook)."""
+        if self.theta.grad is not None:
+            self.theta.grad[self.bias_slice] = 0.0
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """W (a view of θ)."""
+        return self.theta[: self.bias_slice.start].view(self.shape)
+
+    @property
+    def bias(self) -> torch.Tensor:
+        """b (a view of θ)."""
+        return self.theta[self.bias_slice]

@@ -1,67 +1,46 @@
 """Learner options as a config gives them (TOML values), checked before any data is read:
-each value against the type annotation of the estimator's ``__init__``, then the
-estimator's own range checks (:meth:`~dpvision.learners.base.DPLinearClassifier.check_params`).
+each value against the type annotation of the estimator's ``__init__``
+(:func:`dpvision.options.coerce`), then the estimator's own range checks
+(:meth:`~dpvision.learners.base.DPLinearClassifier.check_params`).
 """
 
-import types
-import typing
 from typing import Any
 
 from dpvision.errors import DPVisionError
 from dpvision.learners.base import DPLinearClassifier
+from dpvision.options import coerce, option_hints
 
 __all__ = ["check_learner_options"]
 
 
-def check_learner_options(learner: type[DPLinearClassifier], options: dict[str, Any]) -> None:
-    """One-line errors naming ``learner.KEY`` for a value of the wrong type or range.
+def check_learner_options(
+    learner: type[DPLinearClassifier], options: dict[str, Any]
+) -> dict[str, Any]:
+    """The options, checked: one-line errors naming ``learner.KEY`` for a value of the
+    wrong type or range.
+
+    Returns the options as given, but for text that :func:`~dpvision.options.coerce` reads
+    as a value (``--set learner.clip_norm=.5``, ``--set learner.steps=none``, which are not
+    TOML): that is replaced by its value. TOML values are kept as written (a whole number
+    stays one), so the published config is the file's.
 
     >>> from dpvision.learners import DPLeastSquares
     >>> check_learner_options(DPLeastSquares, {"clip_norm": "abc"})
     Traceback (most recent call last):
     ...
     dpvision.errors.DPVisionError: learner.clip_norm must be a number, got 'abc'
+    >>> check_learner_options(DPLeastSquares, {"clip_norm": 2, "alpha": "0.5"})
+    {'clip_norm': 2, 'alpha': 0.5}
     """
-    hints = typing.get_type_hints(learner.__init__)
+    hints = option_hints(learner)
+    checked = dict(options)
     for key, value in options.items():
-        if key in hints and not _matches(value, hints[key]):
-            raise DPVisionError(f"learner.{key} must be {_describe(hints[key])}, got {value!r}")
+        if key in hints:
+            coerced = coerce(f"learner.{key}", value, hints[key])
+            if isinstance(value, str):
+                checked[key] = coerced
     try:
-        learner(**options).check_params()
+        learner(**checked).check_params()
     except DPVisionError as error:
         raise DPVisionError(f"learner.{error}") from None
-
-
-def _matches(value: Any, hint: Any) -> bool:
-    """Whether a TOML value fits a type annotation (whole numbers count as floats)."""
-    args = typing.get_args(hint)
-    if typing.get_origin(hint) in (types.UnionType, typing.Union):
-        return any(_matches(value, arg) for arg in args)
-    if hint is type(None):
-        return value is None
-    if hint is bool:
-        return isinstance(value, bool)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if hint is str:
-        return isinstance(value, str)
-    if typing.get_origin(hint) is tuple:
-        return (
-            isinstance(value, list | tuple)
-            and len(value) == len(args)
-            and all(_matches(v, a) for v, a in zip(value, args, strict=True))
-        )
-    return True
-
-
-def _describe(hint: Any) -> str:
-    names = {bool: "true or false", int: "a whole number", float: "a number", str: "a string"}
-    if typing.get_origin(hint) in (types.UnionType, typing.Union):
-        return " or ".join(
-            "none" if arg is type(None) else _describe(arg) for arg in typing.get_args(hint)
-        )
-    if typing.get_origin(hint) is tuple:
-        return f"a list of {len(typing.get_args(hint))} numbers"
-    return names.get(hint, str(hint))
+    return checked

@@ -8,6 +8,8 @@
   convolutions (:class:`WSConv2d`), as in jax_privacy (De et al.).
 * :func:`mlp` / :class:`MLP` — small tanh MLPs (or logistic regression) on flattened images,
   for any image size; the model of many-run privacy audits.
+* :class:`ModelSpec` — a ``learner.model`` spec (``wrn-16-4``, ``timm:NAME``, …) parsed once;
+  :mod:`dpvision.models.registry` builds a model from it.
 * :func:`validate_model` and :func:`replace_batchnorm` — reject or fix layers that mix the
   examples of a batch (BatchNorm), which per-example clipping cannot tolerate.
 
@@ -26,6 +28,7 @@ torch.Size([2, 10])
 from dpvision.models.layers import FrozenBatchNorm, WSConv2d
 from dpvision.models.mlp import MLP, mlp
 from dpvision.models.scatter_cnn import ScatterCNN, scatter_cnn
+from dpvision.models.spec import ModelSpec
 from dpvision.models.tanh_cnn import TanhCNN, tanh_cnn
 from dpvision.models.validation import freeze_batchnorm, replace_batchnorm, validate_model
 from dpvision.models.wide_resnet import WideResNet, wide_resnet
@@ -33,6 +36,7 @@ from dpvision.models.wide_resnet import WideResNet, wide_resnet
 __all__ = [
     "MLP",
     "FrozenBatchNorm",
+    "ModelSpec",
     "ScatterCNN",
     "TanhCNN",
     "WSConv2d",

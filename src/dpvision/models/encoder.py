@@ -21,6 +21,7 @@ from dpvision.errors import DPVisionError
 from dpvision.fileio import atomic_open, load_torch
 from dpvision.models.heads import body_of, head_name
 from dpvision.models.registry import build_network
+from dpvision.models.spec import ModelSpec
 
 ENCODER_FORMAT = "dpvision-encoder-v1"
 
@@ -31,7 +32,7 @@ class EncoderInfo:
 
     Attributes:
       model: the model name (``wrn-16-4``, ``tanh-cnn``, …; see
-        :data:`dpvision.models.registry.MODELS_HELP`).
+        :data:`dpvision.models.spec.MODELS_HELP`).
       input_shape: (C, H, W) of the images it takes.
       groups: the GroupNorm groups of the model.
       mean, std: per-channel input normalisation, public constants (statistics of the
@@ -53,7 +54,7 @@ class EncoderInfo:
         return (images - mean) / std
 
 
-def build_body(model: str, input_shape: tuple[int, int, int], groups: int) -> nn.Module:
+def build_body(model: str | ModelSpec, input_shape: tuple[int, int, int], groups: int) -> nn.Module:
     """The named model for ``input_shape`` with its head replaced by the identity (as its
     source builds it: a timm model keeps its BatchNorm, used in eval mode for features)."""
     return body_of(build_network(model, input_shape, 2, groups=groups))

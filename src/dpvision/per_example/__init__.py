@@ -7,28 +7,28 @@
   materialised.
 * :mod:`dpvision.per_example.layers` — the per-layer rules book-keeping uses.
 * :mod:`dpvision.per_example.batch_layout` — probes that each layer sees one row per example.
-* :mod:`dpvision.per_example.groups` — group-wise (per-layer) clip norms C_g.
 * :mod:`dpvision.per_example.precision` — :func:`exact_arithmetic`: the norms and the clipped
   sums in IEEE float32 whatever the user's TF32, matmul-precision and autocast settings, so
   that each clip factor bounds the contribution it scales.
 
-:func:`clip_and_sum` chooses among them (``clipping = auto | bookkeeping | vmap``); all give
-the same clipped sum, of L2 sensitivity C (√(Σ C_g²) when clipped per layer).
+:func:`clip_and_sum` chooses among them (``method = auto | bookkeeping | vmap``); all give
+the same clipped sum, of the L2 sensitivity its clip policy states
+(:mod:`dpvision.mechanisms.clip_policy`: C, or √(Σ C_g²) when clipped per layer). The clip
+norms (:mod:`dpvision.mechanisms.groups`, ``GroupNorms``, ``per_layer``) and the sum itself
+(``ClippedGradientSum``) live in :mod:`dpvision.mechanisms`, below, and are re-exported here.
 """
 
+from dpvision.mechanisms.clipped_sum import ClippedGradientSum
+from dpvision.mechanisms.groups import GroupNorms, per_layer
 from dpvision.per_example.bookkeeping import (
     ClippingMethod,
     bookkeeping_clipped_gradient_sum,
     clip_and_sum,
     supports_bookkeeping,
 )
-from dpvision.per_example.groups import GroupNorms, per_layer
+from dpvision.per_example.layers import LayerTerms, register_rule
 from dpvision.per_example.precision import exact_arithmetic
-from dpvision.per_example.reference import (
-    ClippedGradientSum,
-    clipped_gradient_sum,
-    functional_clipped_sum,
-)
+from dpvision.per_example.reference import clipped_gradient_sum, functional_clipped_sum
 
 CLIPPING_METHODS = tuple(method.value for method in ClippingMethod)
 
@@ -37,11 +37,13 @@ __all__ = [
     "ClippedGradientSum",
     "ClippingMethod",
     "GroupNorms",
+    "LayerTerms",
     "bookkeeping_clipped_gradient_sum",
     "clip_and_sum",
     "clipped_gradient_sum",
     "exact_arithmetic",
     "functional_clipped_sum",
     "per_layer",
+    "register_rule",
     "supports_bookkeeping",
 ]

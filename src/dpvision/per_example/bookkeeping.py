@@ -41,9 +41,10 @@ import torch
 from torch import nn
 
 from dpvision.errors import DPVisionError
-from dpvision.mechanisms import clipping
+from dpvision.mechanisms.clip_policy import ClipPolicy, resolve_policy
+from dpvision.mechanisms.clipped_sum import ClippedGradientSum
+from dpvision.mechanisms.groups import GroupNorms
 from dpvision.per_example import batch_layout
-from dpvision.per_example.groups import GroupNorms, group_of
 from dpvision.per_example.layers import (
     Call,
     LayerTerms,
@@ -53,7 +54,7 @@ from dpvision.per_example.layers import (
     rule_of,
 )
 from dpvision.per_example.precision import autocast_enabled, exact_arithmetic
-from dpvision.per_example.reference import ClippedGradientSum, autocast, clipped_gradient_sum
+from dpvision.per_example.reference import autocast, clipped_gradient_sum
 from dpvision.per_example.tape import ActivationTape, UnsupportedError, tracked_layers
 from dpvision.profiling import phase
 
@@ -95,10 +96,9 @@ def clip_terms(
     params: Mapping[str, torch.Tensor],
     batch: int,
     *,
-    max_grad_norm: float,
+    policy: ClipPolicy,
     mask: torch.Tensor | None = None,
     grad_scale: float = 1.0,
-    groups: GroupNorms | None = None,
 ) -> ClippedGradientSum:
     """Clips with the per-example norms over all layers' terms and sums per parameter.
 
@@ -106,13 +106,13 @@ def clip_terms(
       terms: (layer path, its terms) for every layer that received a gradient.
       params: name → trainable parameter (zeros are returned for those no term covers).
       batch: B, the number of examples.
-      max_grad_norm: C.
+      policy: the clip norms (:class:`~dpvision.mechanisms.clip_policy.ClipPolicy`); per
+        layer, each layer's terms get that layer's own factor min(1, C_g/‖g_{i,g}‖), and a
+        layer whose terms span several groups raises
+        :class:`~dpvision.per_example.tape.UnsupportedError`.
       mask: optional (B,) booleans; false rows contribute nothing.
       grad_scale: the per-example gradients are ``grad_scale`` times what the terms saw
         (e.g. the batch size, when the output gradients came from a mean-reduced loss).
-      groups: group-wise clipping: each layer's terms get that layer's own factor
-        min(1, C_g/‖g_{i,g}‖) (``max_grad_norm`` unused); a layer whose terms span several
-        groups raises :class:`~dpvision.per_example.tape.UnsupportedError`.
 
     The clipped sums are computed under
     :func:`~dpvision.per_example.precision.exact_arithmetic`; the terms' norms must have been
@@ -121,10 +121,11 @@ def clip_terms(
 
     Privacy:
       Releases nothing. The result has L2 sensitivity C under add/remove-one: cᵢ = min(1,
-      C/‖gᵢ‖) with the norm over all trainable parameters together (with ``groups``:
-      √(Σ C_g²)); examples whose norm is not finite, and masked examples, get cᵢ = 0 and
-      their rows are zeroed. This holds up to float32 rounding when the norms and the sums
-      are both IEEE float32 (see above), not with TF32 or reduced-precision products.
+      C/‖gᵢ‖) with the norm over all trainable parameters together (the policy's
+      sensitivity: √(Σ C_g²) per layer); examples whose norm is not finite, and masked
+      examples, get cᵢ = 0 and their rows are zeroed. This holds up to float32 rounding
+      when the norms and the sums are both IEEE float32 (see above), not with TF32 or
+      reduced-precision products.
     """
     like = next(iter(params.values()), None)
     with exact_arithmetic(None if like is None else like.device):
@@ -132,10 +133,9 @@ def clip_terms(
             terms,
             params,
             batch,
-            max_grad_norm=max_grad_norm,
+            policy=policy,
             mask=mask,
             grad_scale=grad_scale,
-            groups=groups,
         )
 
 
@@ -144,13 +144,12 @@ def _clip_terms(
     params: Mapping[str, torch.Tensor],
     batch: int,
     *,
-    max_grad_norm: float,
+    policy: ClipPolicy,
     mask: torch.Tensor | None,
     grad_scale: float,
-    groups: GroupNorms | None,
 ) -> ClippedGradientSum:
     """:func:`clip_terms` inside its exact arithmetic (same arguments and privacy: releases
-    nothing; the result has L2 sensitivity C, or √(Σ C_g²) with ``groups``)."""
+    nothing; the result has the policy's L2 sensitivity)."""
     like = next(iter(params.values()), None)
     with phase("clip_factors"):
         sq = torch.zeros(batch) if like is None else like.new_zeros(batch)
@@ -161,16 +160,17 @@ def _clip_terms(
         keep = finite
         if mask is not None:
             keep = keep & mask.to(device=keep.device, dtype=torch.bool)
-        if groups is None:
-            flat = clipping.clip_factors(norms, max_grad_norm, keep)
-            scales = [flat for _ in terms]
-        else:
-            sq_by_group: dict[str, torch.Tensor] = {}
-            for path, layer in terms:
-                part = layer.sq_norms.to(sq.dtype) * grad_scale**2
-                sq_by_group[path] = sq_by_group[path] + part if path in sq_by_group else part
-            factors = groups.factors(sq_by_group, keep & finite)
-            scales = [factors[path] for path, _ in terms]
+        # A layer's group is that of its parameters (its path, per layer).
+        keys = [policy.group(f"{path}.") for path, _ in terms]
+        factors = policy.factors(
+            norms,
+            lambda: (
+                (key, layer.sq_norms.to(sq.dtype) * grad_scale**2)
+                for key, (_, layer) in zip(keys, terms, strict=True)
+            ),
+            keep,
+        )
+        scales = [factors[key] for key in keys]
         drop = None if bool(keep.all()) else ~keep
     grads: dict[str, torch.Tensor] = {}
     for (path, layer), scale in zip(terms, scales, strict=True):
@@ -178,7 +178,7 @@ def _clip_terms(
             sums = layer.clipped_sum(scale * grad_scale, drop)
         for local, value in sums.items():
             name = f"{path}.{local}" if path else local
-            if groups is not None and group_of(name) != path:
+            if policy.group(name) != policy.group(f"{path}."):
                 raise UnsupportedError(
                     f"per-layer clipping of {name}: its layer's rule covers parameters of "
                     "several layers"
@@ -189,7 +189,7 @@ def _clip_terms(
             grads[name] = torch.zeros_like(param)
     return ClippedGradientSum(
         grads={name: grads[name] for name in params},
-        l2_sensitivity=float(max_grad_norm) if groups is None else groups.l2_sensitivity,
+        l2_sensitivity=policy.l2_sensitivity,
         count=int(keep.sum()),
         nonfinite=int((~finite).sum()),
         norms=norms.detach(),
@@ -207,12 +207,11 @@ def _bookkeeping_sum(
     inputs: torch.Tensor,
     targets: torch.Tensor,
     *,
-    max_grad_norm: float,
+    policy: ClipPolicy,
     views: bool,
     mask: torch.Tensor | None,
     strategy: Strategy = "auto",
     precision: torch.dtype | None = None,
-    groups: GroupNorms | None = None,
     verify_as: Any = None,
 ) -> ClippedGradientSum:
     params = trainable_params(model)
@@ -221,7 +220,7 @@ def _bookkeeping_sum(
     if batch == 0 or k == 0:
         return ClippedGradientSum(
             grads={name: torch.zeros_like(p) for name, p in params.items()},
-            l2_sensitivity=float(max_grad_norm) if groups is None else groups.l2_sensitivity,
+            l2_sensitivity=policy.l2_sensitivity,
             count=0,
             nonfinite=0,
             norms=torch.zeros(0, dtype=inputs.dtype if inputs.is_floating_point() else None),
@@ -244,11 +243,10 @@ def _bookkeeping_sum(
                 loss_fn,
                 inputs,
                 targets,
-                max_grad_norm=max_grad_norm,
+                policy=policy,
                 views=views,
                 mask=mask,
                 strategy=strategy,
-                groups=groups,
                 verify_as=verify,
             )
         verify = None
@@ -290,10 +288,8 @@ def _bookkeeping_sum(
                 _VERDICTS[model][verify] = reason
                 raise UnsupportedError(reason)
         if verify_as is not None:  # the float32 pass that verifies: its sum is not used
-            return ClippedGradientSum.zeros(params, l2_sensitivity=float(max_grad_norm))
-        return clip_terms(
-            found, params, batch, max_grad_norm=max_grad_norm, mask=mask, groups=groups
-        )
+            return ClippedGradientSum.zeros(params, l2_sensitivity=policy.l2_sensitivity)
+        return clip_terms(found, params, batch, policy=policy, mask=mask)
 
 
 class _LayerTermsOf:
@@ -440,12 +436,13 @@ def clip_and_sum(
     inputs: torch.Tensor,
     targets: torch.Tensor,
     *,
-    max_grad_norm: float,
+    max_grad_norm: float | None = None,
     views: bool = False,
     mask: torch.Tensor | None = None,
     method: ClippingMethod | str = ClippingMethod.AUTO,
     precision: torch.dtype | None = None,
     groups: GroupNorms | None = None,
+    policy: ClipPolicy | None = None,
 ) -> ClippedGradientSum:
     """Σᵢ clip(gᵢ, C) by book-keeping or by the vmap reference; both give the same result.
 
@@ -472,8 +469,10 @@ def clip_and_sum(
         :func:`~dpvision.per_example.precision.exact_arithmetic` whatever the caller's TF32,
         matmul-precision and autocast settings (which the forward and backward keep); a
         caller's autocast around the call is treated like ``precision``.
-      groups: group-wise clipping (:mod:`dpvision.per_example.groups`): each example's
+      groups: group-wise clipping (:mod:`dpvision.mechanisms.groups`): each example's
         gradient restricted to layer g is clipped to C_g; sensitivity √(Σ C_g²).
+      policy: instead of ``max_grad_norm`` or ``groups``, any
+        :class:`~dpvision.mechanisms.clip_policy.ClipPolicy` (exactly one of the three).
 
     Returns:
       The clipped sum, its sensitivity C, the counts, and the per-example norms.
@@ -485,8 +484,7 @@ def clip_and_sum(
       IEEE float32 arithmetic, never TF32). Non-finite per-example gradients are zeroed and
       counted, never propagated.
     """
-    if not max_grad_norm > 0:
-        raise DPVisionError(f"max_grad_norm must be > 0, got {max_grad_norm}")
+    policy = resolve_policy(max_grad_norm, groups, policy)
     try:
         chosen = ClippingMethod(method)
     except ValueError:
@@ -495,13 +493,7 @@ def clip_and_sum(
             f"unknown clipping method {method!r}; choose one of {choices}"
         ) from None
     batch = (model, loss_fn, inputs, targets)
-    how = {
-        "max_grad_norm": max_grad_norm,
-        "views": views,
-        "mask": mask,
-        "precision": precision,
-        "groups": groups,
-    }
+    how = {"policy": policy, "views": views, "mask": mask, "precision": precision}
     if chosen is not ClippingMethod.VMAP:
         problems = unsupported_layers(model)
         try:

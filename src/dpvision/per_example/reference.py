@@ -11,70 +11,16 @@ of parameters memory). Faster norm-only paths must agree with it.
 """
 
 import contextlib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.func import functional_call, grad, vmap
 
-from dpvision.errors import DPVisionError
-from dpvision.mechanisms import clipping
-from dpvision.per_example.groups import GroupNorms, group_of
+from dpvision.mechanisms.clip_policy import ClipPolicy, resolve_policy
+from dpvision.mechanisms.clipped_sum import ClippedGradientSum
+from dpvision.mechanisms.groups import GroupNorms
 from dpvision.per_example.precision import exact_arithmetic
-
-
-@dataclass
-class ClippedGradientSum:
-    """Σᵢ clip(gᵢ, C) per parameter name, with what the privacy argument needs to know.
-
-    Attributes:
-      grads: parameter name → summed clipped gradient (the parameter's shape).
-      l2_sensitivity: C; adding or removing one example moves ``grads`` (all parameters
-        together) by at most this much in L2 norm.
-      count: examples that contributed (mask true).
-      nonfinite: examples whose gradient was not finite; they contribute zero.
-      norms: the per-example gradient norms before clipping (B,), for diagnostics.
-    """
-
-    grads: dict[str, torch.Tensor]
-    l2_sensitivity: float
-    count: int
-    nonfinite: int
-    norms: torch.Tensor
-
-    @classmethod
-    def zeros(
-        cls, params: Mapping[str, torch.Tensor], *, l2_sensitivity: float
-    ) -> "ClippedGradientSum":
-        """The empty sum over ``params`` (name → parameter), of the sensitivity its parts
-        will state: what physical micro-batches are accumulated into."""
-        like = next(iter(params.values()), None)
-        return cls(
-            grads={name: torch.zeros_like(p) for name, p in params.items()},
-            l2_sensitivity=float(l2_sensitivity),
-            count=0,
-            nonfinite=0,
-            norms=torch.zeros(0) if like is None else like.new_zeros(0),
-        )
-
-    def add_(self, other: "ClippedGradientSum") -> None:
-        """Adds the clipped sum of other examples (disjoint from these) in place.
-
-        Raises:
-          DPVisionError: ``other`` states another sensitivity: the total's would be
-            neither, and noise scaled to one of them would be wrong.
-        """
-        if other.l2_sensitivity != self.l2_sensitivity:
-            raise DPVisionError(
-                f"cannot add a clipped sum of sensitivity {other.l2_sensitivity:g} to one of "
-                f"{self.l2_sensitivity:g}"
-            )
-        for name, value in other.grads.items():
-            self.grads[name] += value
-        self.count += other.count
-        self.nonfinite += other.nonfinite
-        self.norms = torch.cat([self.norms, other.norms.to(self.norms)])
 
 
 def clipped_gradient_sum(
@@ -83,11 +29,12 @@ def clipped_gradient_sum(
     inputs: torch.Tensor,
     targets: torch.Tensor,
     *,
-    max_grad_norm: float,
+    max_grad_norm: float | None = None,
     views: bool = False,
     mask: torch.Tensor | None = None,
     precision: torch.dtype | None = None,
     groups: GroupNorms | None = None,
+    policy: ClipPolicy | None = None,
 ) -> ClippedGradientSum:
     """Clips each example's gradient to ``max_grad_norm`` and sums them.
 
@@ -103,17 +50,18 @@ def clipped_gradient_sum(
       precision: None, or the autocast dtype of the model's forward (and so backward) pass;
         the loss, the norms, the clip factors and the sum are float32 either way (IEEE
         float32: :func:`~dpvision.per_example.precision.exact_arithmetic`).
-      groups: group-wise clipping (:mod:`dpvision.per_example.groups`): each example's
+      groups: group-wise clipping (:mod:`dpvision.mechanisms.groups`): each example's
         gradient restricted to group g is clipped to C_g instead (``max_grad_norm`` unused).
+      policy: instead of ``max_grad_norm`` or ``groups``, any
+        :class:`~dpvision.mechanisms.clip_policy.ClipPolicy`.
 
     Privacy:
       Releases nothing by itself. Its output has L2 sensitivity C under add/remove-one
-      (each example's contribution is clipped to C), or √(Σ C_g²) with ``groups``, which is
-      what the caller's noise must be scaled to. Non-finite per-example gradients are
-      zeroed and counted, not propagated.
+      (each example's contribution is clipped to C), or √(Σ C_g²) with ``groups`` (the
+      policy's ``l2_sensitivity``), which is what the caller's noise must be scaled to.
+      Non-finite per-example gradients are zeroed and counted, not propagated.
     """
-    if not max_grad_norm > 0:
-        raise DPVisionError(f"max_grad_norm must be > 0, got {max_grad_norm}")
+    policy = resolve_policy(max_grad_norm, groups, policy)
     params = {k: v.detach() for k, v in model.named_parameters() if v.requires_grad}
     buffers = {k: v.detach() for k, v in model.named_buffers()}
     batch = inputs if views else inputs.unsqueeze(1)
@@ -130,13 +78,12 @@ def clipped_gradient_sum(
         batch,
         targets,
         keep,
-        max_grad_norm=max_grad_norm,
+        policy=policy,
         precision=precision,
-        groups=groups,
     )
     return ClippedGradientSum(
         grads=grads,
-        l2_sensitivity=float(max_grad_norm) if groups is None else groups.l2_sensitivity,
+        l2_sensitivity=policy.l2_sensitivity,
         count=int(kept.sum()),
         nonfinite=int((~torch.isfinite(norms)).sum()),
         norms=norms.detach(),
@@ -152,9 +99,8 @@ def functional_clipped_sum(
     targets: torch.Tensor,
     keep: torch.Tensor,
     *,
-    max_grad_norm: float,
+    policy: ClipPolicy,
     precision: torch.dtype | None = None,
-    groups: GroupNorms | None = None,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
     """The pure core of :func:`clipped_gradient_sum`, safe to ``vmap`` over stacked models.
 
@@ -165,16 +111,16 @@ def functional_clipped_sum(
       batch: (B, K, ...) inputs, K views per example (K = 1 without augmentation).
       targets: (B,) labels.
       keep: (B,) booleans; examples that are false contribute nothing (not sampled, padding).
-      max_grad_norm: C.
+      policy: the clip norms (:class:`~dpvision.mechanisms.clip_policy.ClipPolicy`).
       precision: as in :func:`clipped_gradient_sum`.
 
     Returns:
       (Σᵢ cᵢgᵢ per parameter name, the norms ‖gᵢ‖ (B,), the examples that contributed (B,)).
 
     Privacy:
-      Releases nothing. The sum has L2 sensitivity C under add/remove-one: cᵢ comes from
-      :func:`dpvision.mechanisms.clip_factors`, the norm taken over all of ``params``; with
-      ``groups``, each group's factor from that group's norm, sensitivity √(Σ C_g²). The
+      Releases nothing. The sum has the policy's L2 sensitivity under add/remove-one
+      (flat: C, cᵢ from :func:`dpvision.mechanisms.clip_factors`, the norm taken over all
+      of ``params``; per layer: each group's factor from that group's norm, √(Σ C_g²)). The
       norms and the sum are computed under
       :func:`~dpvision.per_example.precision.exact_arithmetic`, the sum as products and a
       sum over rows (no matrix product that TF32 could round), so cᵢ bounds what the sum
@@ -195,24 +141,17 @@ def functional_clipped_sum(
     # The norms and the sum in IEEE float32 whatever the user's TF32, matmul-precision and
     # autocast settings (dpvision.per_example.precision).
     with exact_arithmetic(batch.device):
-        norms = torch.linalg.vector_norm(
-            torch.stack(
-                [torch.linalg.vector_norm(g.flatten(1), dim=1) for g in per_example.values()]
-            ),
-            dim=0,
-        )
+        part_norms = {
+            name: torch.linalg.vector_norm(g.flatten(1), dim=1) for name, g in per_example.items()
+        }
+        norms = torch.linalg.vector_norm(torch.stack(list(part_norms.values())), dim=0)
         kept = torch.isfinite(norms) & keep
-        if groups is None:
-            scales = {
-                name: clipping.clip_factors(norms, max_grad_norm, keep) for name in per_example
-            }
-        else:
-            sq: dict[str, torch.Tensor] = {}
-            for name, g in per_example.items():
-                part = torch.linalg.vector_norm(g.flatten(1), dim=1).pow(2)
-                sq[group_of(name)] = sq[group_of(name)] + part if group_of(name) in sq else part
-            factors = groups.factors(sq, kept)
-            scales = {name: factors[group_of(name)] for name in per_example}
+        factors = policy.factors(
+            norms,
+            lambda: ((policy.group(name), norm.pow(2)) for name, norm in part_norms.items()),
+            kept,
+        )
+        scales = {name: factors[policy.group(name)] for name in per_example}
         grads = {}
         for name, g in per_example.items():
             shape = (-1, *[1] * (g.dim() - 1))

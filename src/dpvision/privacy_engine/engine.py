@@ -17,14 +17,15 @@ from torch.utils.data import DataLoader, default_collate
 
 from dpvision.accounting import PrivacyLedger, calibrate_noise_multiplier, parse_accountant
 from dpvision.accounting.accountants import Accountant
+from dpvision.averaging import ParameterEMA
 from dpvision.errors import DPVisionError
 from dpvision.mechanisms import PoissonSampler
-from dpvision.mechanisms.adaptive_clipping import AdaptiveClipping
+from dpvision.mechanisms.clip_policy import CLIP_POLICIES, make_clip_policy
+from dpvision.mechanisms.gradient_release import GradientRelease, ReleaseContext
 from dpvision.mechanisms.noise import NoiseGenerator
 from dpvision.mechanisms.secret import SecretRandomness
 from dpvision.models import validate_model
 from dpvision.per_example.bookkeeping import unsupported_layers
-from dpvision.per_example.groups import per_layer
 from dpvision.per_example.tape import ActivationTape
 from dpvision.privacy_engine.data_loader import (
     DPDataLoader,
@@ -37,7 +38,6 @@ from dpvision.privacy_engine.module import PrivateModule
 from dpvision.privacy_engine.optimizer import DPOptimizer
 
 LOSS_REDUCTIONS = ("mean", "sum")
-CLIPPINGS = ("flat", "per_layer", "adaptive")
 # Opacus' ways of computing per-sample gradients; dpvision's rules serve them all.
 GRAD_SAMPLE_MODES = ("hooks", "functorch", "ew", "ghost")
 
@@ -140,7 +140,7 @@ class PrivacyEngine:
             (None, the default: 256 bits of fresh OS entropy at every call). It is never
             stored or shown; a guessable one (0, 1, ...) protects nothing. Refused with
             ``secure_mode``. Two calls on one engine draw independent streams.
-          clipping: ``flat``, or ``per_layer`` (:mod:`dpvision.per_example.groups`: the
+          clipping: ``flat``, or ``per_layer`` (:mod:`dpvision.mechanisms.groups`: the
             part of each example's gradient in layer g is clipped to C_g; sensitivity and
             noise scale √(Σ C_g²)). Unlike Opacus, a layer's weight and bias are one group.
             Or ``adaptive`` (:mod:`dpvision.mechanisms.adaptive_clipping`): C starts at
@@ -176,118 +176,112 @@ class PrivacyEngine:
           A forward pass that writes a buffer of ``module`` is refused
           (:class:`PrivateModule`).
         """
-        if clipping not in CLIPPINGS:
-            raise DPVisionError(
-                f"clipping={clipping!r} is not offered: choose clipping='flat' (each example's "
-                "whole gradient clipped to max_grad_norm), 'per_layer' or 'adaptive'"
-            )
-        groups = per_layer(module, max_grad_norm) if clipping == "per_layer" else None
-        if groups is not None:
-            max_grad_norm = groups.l2_sensitivity
-        elif not isinstance(max_grad_norm, int | float):
-            raise DPVisionError("a list of max_grad_norm values needs clipping='per_layer'")
-        if grad_sample_mode not in GRAD_SAMPLE_MODES:
-            raise DPVisionError(
-                f"unknown grad_sample_mode {grad_sample_mode!r}; choose one of "
-                f"{', '.join(GRAD_SAMPLE_MODES)} (all clip alike here)"
-            )
-        if not batch_first:
-            raise DPVisionError(
-                "batch_first=False is not offered: keep the examples first in every layer"
-            )
-        if criterion is None:
-            criterion = nn.CrossEntropyLoss(reduction=loss_reduction)
-        reduction = getattr(criterion, "reduction", loss_reduction)
-        if reduction not in (loss_reduction, "none"):
-            raise DPVisionError(
-                f"the criterion reduces by {reduction!r} but loss_reduction is "
-                f"{loss_reduction!r}; they must agree"
-            )
-        validate_model(module)
-        problems = unsupported_layers(module)
-        if problems:
-            raise DPVisionError(f"make_private does not support {problems[0]}")
-        if not poisson_sampling:
-            raise DPVisionError(
-                "poisson_sampling=False is not offered: the privacy accounting assumes Poisson "
-                "sampling, which the private data loader provides"
-            )
-        if not (math.isfinite(noise_multiplier) and noise_multiplier >= 0):
-            raise DPVisionError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
-        if not (math.isfinite(max_grad_norm) and max_grad_norm > 0):
-            raise DPVisionError(f"max_grad_norm must be > 0, got {max_grad_norm}")
-        if loss_reduction not in LOSS_REDUCTIONS:
-            raise DPVisionError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
-        if isinstance(augmult, bool) or not isinstance(augmult, int) or augmult < 0:
-            raise DPVisionError(f"augmult must be an integer >= 0, got {augmult!r}")
-        if ema_decay is not None and not 0 <= ema_decay < 1:
-            raise DPVisionError(f"ema_decay must be in [0, 1) or None, got {ema_decay}")
-        if max_physical_batch_size is not None and max_physical_batch_size < 1:
-            raise DPVisionError(
-                f"max_physical_batch_size must be >= 1, got {max_physical_batch_size}"
-            )
-        trainable = {id(p) for p in module.parameters() if p.requires_grad}
-        if any(id(p) not in trainable for g in optimizer.param_groups for p in g["params"]):
-            raise DPVisionError(
-                "the optimizer holds parameters that are not trainable parameters of the module; "
-                "they would be updated without privacy"
-            )
+        _check_options(
+            clipping=clipping,
+            grad_sample_mode=grad_sample_mode,
+            batch_first=batch_first,
+            poisson_sampling=poisson_sampling,
+            noise_multiplier=noise_multiplier,
+            loss_reduction=loss_reduction,
+            augmult=augmult,
+            ema_decay=ema_decay,
+            max_physical_batch_size=max_physical_batch_size,
+        )
+        criterion = _prepare_criterion(criterion, loss_reduction)
+        _check_module(module, optimizer)
         sample_rate, num_examples = loader_sample_rate(data_loader)
-        adaptive = None
-        if clipping == "adaptive":
-            expected = sample_rate * num_examples
-            adaptive = AdaptiveClipping(
-                initial=float(max_grad_norm),
-                count_noise=expected / 20 if unclipped_num_std is None else unclipped_num_std,
-                target_quantile=target_unclipped_quantile,
-                learning_rate=clipbound_learning_rate,
-                min_clip=min_clipbound,
-                max_clip=max_clipbound,
-            )
-            adaptive.sum_noise_multiplier(noise_multiplier)  # σ_b > σ, checked up front
+        policy = make_clip_policy(
+            clipping,
+            max_grad_norm,
+            expected_batch_size=sample_rate * num_examples,
+            model=module,
+            target_unclipped_quantile=target_unclipped_quantile,
+            clipbound_learning_rate=clipbound_learning_rate,
+            unclipped_num_std=unclipped_num_std,
+            min_clipbound=min_clipbound,
+            max_clipbound=max_clipbound,
+        )
+        policy.noise_multiplier(noise_multiplier)  # a σ the policy cannot split: refused now
+        secret, call = self._prepare_secret(noise_generator, secret_seed)
+        tape = ActivationTape(module, mode="hooks")
+        tape.attach()
+        gate = OutputGate(loss_reduction)
+        views = max(augmult, 1)
+        dp_optimizer = DPOptimizer(
+            optimizer,
+            module=module,
+            tape=tape,
+            release=GradientRelease(
+                noise_multiplier=noise_multiplier,
+                sample_rate=sample_rate,
+                expected_batch_size=sample_rate * num_examples,
+                normalize_update=normalize_update,
+            ),
+            policy=policy,
+            context=ReleaseContext(
+                ledger=self.ledger,
+                generator=_noise_generator(noise_generator, secret, call, module),
+                ema=None if ema_decay is None else ParameterEMA(module, ema_decay),
+            ),
+            views=views,
+            loss_reduction=loss_reduction,
+            gate=gate,
+        )
+        private_loader = self._prepare_loader(
+            data_loader,
+            dp_optimizer,
+            secret.key(f"sampler {call}"),
+            views=views,
+            max_physical_batch_size=max_physical_batch_size,
+            augment_seed=_augment_seed(seed) if augmult > 0 else None,
+        )
+        self.optimizer = dp_optimizer
+        private = PrivateModule(module, tape, views, gate)
+        if grad_sample_mode == "ghost":  # Opacus' ghost mode returns the criterion too
+            return private, dp_optimizer, private.per_example_loss(criterion), private_loader
+        return private, dp_optimizer, private_loader
+
+    def _prepare_secret(
+        self, noise_generator: torch.Generator | None, secret_seed: int | None
+    ) -> tuple[SecretRandomness, int]:
+        """This call's secret randomness and its number (each call draws its own streams).
+
+        Raises:
+          DPVisionError: a ``noise_generator`` or a ``secret_seed`` with ``secure_mode``.
+        """
         if self.secure_mode and noise_generator is not None:
             raise DPVisionError(
                 "secure_mode draws the noise from the operating system's CSPRNG: do not pass a "
                 "noise_generator"
             )
-        # Public: the adversary may know ``seed``, so it draws only the augmentation.
-        augment_seed = int(
-            np.random.SeedSequence(seed).generate_state(1, np.uint64)[0] >> np.uint64(1)
-        )
         # Secret: the noise and the sampling. Kept in no attribute; a stream per call.
         secret = SecretRandomness(secret_seed, secure=self.secure_mode)
         call, self._made = self._made, self._made + 1
-        generator: NoiseGenerator = noise_generator
-        if generator is None:
-            device = next(p.device for p in module.parameters() if p.requires_grad)
-            generator = secret.noise(f"noise {call}", device)
-        views = max(augmult, 1)
-        tape = ActivationTape(module, mode="hooks")
-        tape.attach()
-        gate = OutputGate(loss_reduction)
-        dp_optimizer = DPOptimizer(
-            optimizer,
-            module=module,
-            tape=tape,
-            noise_multiplier=noise_multiplier,
-            max_grad_norm=max_grad_norm,
-            sample_rate=sample_rate,
-            num_examples=num_examples,
-            ledger=self.ledger,
-            generator=generator,
-            views=views,
-            groups=groups,
-            adaptive=adaptive,
-            loss_reduction=loss_reduction,
-            normalize_update=normalize_update,
-            ema_decay=ema_decay,
-            gate=gate,
-        )
+        return secret, call
+
+    def _prepare_loader(
+        self,
+        data_loader: DataLoader[Any],
+        optimizer: DPOptimizer,
+        sampler_key: bytes,
+        *,
+        views: int,
+        max_physical_batch_size: int | None,
+        augment_seed: int | None,
+    ) -> DPDataLoader:
+        """The private data loader: Poisson batches drawn from the secret ``sampler_key``
+        (or the CSPRNG in secure mode), split into physical chunks, K views each.
+
+        Privacy:
+          The batches are Poisson samples at the loader's rate q from randomness the
+          adversary cannot replay; ``augment_seed`` (public) draws only the views.
+        """
+        sample_rate, num_examples = loader_sample_rate(data_loader)
         sampler = PoissonSampler(
             num_examples=num_examples,
             sample_rate=sample_rate,
             steps=1,
-            seed=int.from_bytes(secret.key(f"sampler {call}"), "little"),
+            seed=int.from_bytes(sampler_key, "little"),
             secure=self.secure_mode,
         )
         poisson_loader = DataLoader(
@@ -299,20 +293,15 @@ class PrivacyEngine:
             num_workers=data_loader.num_workers,
             pin_memory=data_loader.pin_memory,
         )
-        private_loader = DPDataLoader(
+        return DPDataLoader(
             poisson_loader,
-            dp_optimizer,
+            optimizer,
             sample_rate=sample_rate,
             views=views,
             max_physical_batch_size=max_physical_batch_size,
-            augment=augmult > 0,
-            generator=torch.Generator().manual_seed(augment_seed),
+            augment=augment_seed is not None,
+            generator=torch.Generator().manual_seed(augment_seed or 0),
         )
-        self.optimizer = dp_optimizer
-        private = PrivateModule(module, tape, views, gate)
-        if grad_sample_mode == "ghost":  # Opacus' ghost mode returns the criterion too
-            return private, dp_optimizer, private.per_example_loss(criterion), private_loader
-        return private, dp_optimizer, private_loader
 
     def make_private_with_epsilon(
         self,
@@ -387,3 +376,92 @@ class LedgerAccountant:
     def __len__(self) -> int:
         """The number of noisy steps accounted (Opacus: the length of the history)."""
         return int(self.ledger.total_count)
+
+
+def _check_options(
+    *,
+    clipping: str,
+    grad_sample_mode: str,
+    batch_first: bool,
+    poisson_sampling: bool,
+    noise_multiplier: float,
+    loss_reduction: str,
+    augmult: int,
+    ema_decay: float | None,
+    max_physical_batch_size: int | None,
+) -> None:
+    """Refuses, in one line, an argument of ``make_private`` dpvision does not take."""
+    if clipping not in CLIP_POLICIES:
+        raise DPVisionError(
+            f"clipping={clipping!r} is not offered: choose clipping='flat' (each example's "
+            "whole gradient clipped to max_grad_norm), 'per_layer' or 'adaptive'"
+        )
+    if grad_sample_mode not in GRAD_SAMPLE_MODES:
+        raise DPVisionError(
+            f"unknown grad_sample_mode {grad_sample_mode!r}; choose one of "
+            f"{', '.join(GRAD_SAMPLE_MODES)} (all clip alike here)"
+        )
+    if not batch_first:
+        raise DPVisionError(
+            "batch_first=False is not offered: keep the examples first in every layer"
+        )
+    if not poisson_sampling:
+        raise DPVisionError(
+            "poisson_sampling=False is not offered: the privacy accounting assumes Poisson "
+            "sampling, which the private data loader provides"
+        )
+    if not (math.isfinite(noise_multiplier) and noise_multiplier >= 0):
+        raise DPVisionError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
+    if loss_reduction not in LOSS_REDUCTIONS:
+        raise DPVisionError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
+    if isinstance(augmult, bool) or not isinstance(augmult, int) or augmult < 0:
+        raise DPVisionError(f"augmult must be an integer >= 0, got {augmult!r}")
+    if ema_decay is not None and not 0 <= ema_decay < 1:
+        raise DPVisionError(f"ema_decay must be in [0, 1) or None, got {ema_decay}")
+    if max_physical_batch_size is not None and max_physical_batch_size < 1:
+        raise DPVisionError(f"max_physical_batch_size must be >= 1, got {max_physical_batch_size}")
+
+
+def _prepare_criterion(criterion: nn.Module | None, loss_reduction: str) -> nn.Module:
+    """The loss (default: cross-entropy), whose reduction must agree with ``loss_reduction``."""
+    if criterion is None:
+        criterion = nn.CrossEntropyLoss(reduction=loss_reduction)
+    reduction = getattr(criterion, "reduction", loss_reduction)
+    if reduction not in (loss_reduction, "none"):
+        raise DPVisionError(
+            f"the criterion reduces by {reduction!r} but loss_reduction is "
+            f"{loss_reduction!r}; they must agree"
+        )
+    return criterion
+
+
+def _check_module(module: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Refuses a module a rule refuses (BatchNorm in training mode, ...) and an optimizer
+    over parameters that are not the module's trainable ones (updated without privacy)."""
+    validate_model(module)
+    problems = unsupported_layers(module)
+    if problems:
+        raise DPVisionError(f"make_private does not support {problems[0]}")
+    trainable = {id(p) for p in module.parameters() if p.requires_grad}
+    if any(id(p) not in trainable for g in optimizer.param_groups for p in g["params"]):
+        raise DPVisionError(
+            "the optimizer holds parameters that are not trainable parameters of the module; "
+            "they would be updated without privacy"
+        )
+
+
+def _noise_generator(
+    given: torch.Generator | None, secret: SecretRandomness, call: int, module: nn.Module
+) -> NoiseGenerator:
+    """The caller's generator as given, else a stream of the secret randomness on the
+    module's device."""
+    if given is not None:
+        return given
+    device = next(p.device for p in module.parameters() if p.requires_grad)
+    return secret.noise(f"noise {call}", device)
+
+
+def _augment_seed(seed: int | None) -> int:
+    """The augmentation's seed from the public ``seed``: the adversary may know it, so it
+    draws only the augmentation."""
+    return int(np.random.SeedSequence(seed).generate_state(1, np.uint64)[0] >> np.uint64(1))

@@ -2,6 +2,7 @@
 batch (:func:`dpvision.training.engine.noisy_step`)."""
 
 import copy
+import dataclasses
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -10,23 +11,17 @@ import torch
 from torch import nn
 
 from dpvision.accounting import PrivacyLedger
+from dpvision.averaging import ParameterEMA
 from dpvision.errors import DPVisionError
-from dpvision.mechanisms.adaptive_clipping import AdaptiveClipping
-from dpvision.mechanisms.noise import NoiseGenerator
+from dpvision.mechanisms.clip_policy import ClipPolicy
+from dpvision.mechanisms.clipped_sum import ClippedGradientSum
+from dpvision.mechanisms.gradient_release import GradientRelease, ReleaseContext, noisy_step
 from dpvision.per_example.bookkeeping import clip_terms, trainable_params, unclipped_mismatch
-from dpvision.per_example.groups import GroupNorms
 from dpvision.per_example.layers import layer_terms, low_precision
 from dpvision.per_example.layers.base import output_tensors
 from dpvision.per_example.precision import exact_arithmetic
-from dpvision.per_example.reference import ClippedGradientSum
 from dpvision.per_example.tape import ActivationTape, UnsupportedError
 from dpvision.privacy_engine.loss import OutputGate, row_sizes
-from dpvision.training.engine import (
-    GradientRelease,
-    ParameterEMA,
-    adaptive_noisy_step,
-    noisy_step,
-)
 
 
 class DPOptimizer(torch.optim.Optimizer):
@@ -39,21 +34,16 @@ class DPOptimizer(torch.optim.Optimizer):
       optimizer: the user's optimizer over the module's parameters.
       module: the (unwrapped) module whose parameters are privatised.
       tape: the hooks recording that module's activations and output gradients.
-      noise_multiplier: σ ≥ 0 (0: no noise, and the ledger records a non-private release).
-      max_grad_norm: C.
-      sample_rate: q, the Poisson rate of the logical batches.
-      num_examples: N; the noisy sum is divided by the public qN.
-      ledger: where each logical step is recorded.
-      generator: the noise generator (None: torch's global generator).
+      release: σ (0: no noise, and the ledger records a non-private release), q and the
+        public divisor qN of the noisy sum (:class:`GradientRelease`).
+      policy: how each example's gradient is clipped (:mod:`dpvision.mechanisms.clip_policy`:
+        flat at C, per layer, or adaptive, where each step also releases the unclipped
+        count and σ is split between the sum and the count).
+      context: the ledger each logical step is recorded in, the noise generator (None:
+        torch's global generator) and the parameter EMA (:class:`ReleaseContext`).
       views: K, consecutive rows per example (1 without augmentation multiplicity).
       loss_reduction: ``"mean"`` or ``"sum"``, how the user's loss reduces over the rows of a
         physical batch (its output gradients are rescaled to per-example gradients).
-      normalize_update: also divide by C (jax_privacy's ``rescale_to_unit_norm``).
-      ema_decay: decay of a parameter EMA updated after each logical step, or None.
-      groups: per-layer clip norms (``clipping="per_layer"``); C is then √(Σ C_g²).
-      adaptive: adaptive clipping (``clipping="adaptive"``): C follows a quantile of the
-        per-example norms; each step also releases the unclipped count, and σ is split
-        between the sum and the count (:mod:`dpvision.mechanisms.adaptive_clipping`).
       gate: the private module's :class:`~dpvision.privacy_engine.loss.OutputGate`: a pass
         whose output gradient it did not accept is refused.
 
@@ -77,18 +67,11 @@ class DPOptimizer(torch.optim.Optimizer):
         *,
         module: nn.Module,
         tape: ActivationTape,
-        noise_multiplier: float,
-        max_grad_norm: float,
-        sample_rate: float,
-        num_examples: int,
-        ledger: PrivacyLedger,
-        generator: NoiseGenerator = None,
+        release: GradientRelease,
+        policy: ClipPolicy,
+        context: ReleaseContext,
         views: int = 1,
         loss_reduction: str = "mean",
-        normalize_update: bool = False,
-        ema_decay: float | None = None,
-        groups: GroupNorms | None = None,
-        adaptive: AdaptiveClipping | None = None,
         gate: OutputGate | None = None,
     ) -> None:
         # Not calling Optimizer.__init__: the state lives in the wrapped optimizer (as Opacus).
@@ -96,28 +79,14 @@ class DPOptimizer(torch.optim.Optimizer):
         self.defaults = optimizer.defaults
         self.param_groups = optimizer.param_groups
         self.state = optimizer.state
-        self.module, self.tape, self.ledger, self.generator = module, tape, ledger, generator
-        self.groups = groups
-        self.max_grad_norm = float(max_grad_norm if groups is None else groups.l2_sensitivity)
-        self.adaptive, self.sigma = adaptive, float(noise_multiplier)
-        if adaptive is not None:
-            self.max_grad_norm = adaptive.clip
-        self._unclipped = torch.zeros((), dtype=torch.float64)
-        self.release = GradientRelease(
-            noise_multiplier=(
-                self.sigma if adaptive is None else adaptive.sum_noise_multiplier(self.sigma)
-            ),
-            sample_rate=sample_rate,
-            expected_batch_size=sample_rate * num_examples,
-            normalize_update=normalize_update,
-        )
+        self.module, self.tape = module, tape
+        self.release, self.policy, self.context = release, policy, context
+        self.policy.noise_multiplier(release.noise_multiplier)  # refuses a σ it cannot split
         self.views, self.loss_reduction = views, loss_reduction
         self.gate = gate if gate is not None else OutputGate(loss_reduction)
-        self.num_examples = num_examples
         self._declared: GradientRelease | None = None  # steps on the loop's own batches
         self.params = trainable_params(module)
-        self.ema = None if ema_decay is None else ParameterEMA(module, ema_decay)
-        self.summed = ClippedGradientSum.zeros(self.params, l2_sensitivity=self.max_grad_norm)
+        self.summed = ClippedGradientSum.zeros(self.params, l2_sensitivity=policy.l2_sensitivity)
         self.steps = 0
         self._skip_next = False
         # The chunk the private data loader yielded last, until a step takes it.
@@ -145,9 +114,25 @@ class DPOptimizer(torch.optim.Optimizer):
         return self.ema.copy_to(model).eval()
 
     @property
+    def ledger(self) -> PrivacyLedger:
+        """Where each logical step is recorded."""
+        return self.context.ledger
+
+    @property
+    def ema(self) -> ParameterEMA | None:
+        """The parameter EMA updated after each logical step, or None."""
+        return self.context.ema
+
+    @property
+    def max_grad_norm(self) -> float:
+        """C of the next step (√(Σ C_g²) per layer, C_t adaptive)."""
+        return self.policy.max_grad_norm
+
+    @property
     def noise_multiplier(self) -> float:
-        """σ (as Opacus' ``DPOptimizer.noise_multiplier``)."""
-        return self.release.noise_multiplier
+        """σ of the clipped sum (as Opacus' ``DPOptimizer.noise_multiplier``; with adaptive
+        clipping the sum's share σ_s of the step's σ)."""
+        return self.policy.noise_multiplier(self.release.noise_multiplier)
 
     @property
     def sample_rate(self) -> float:
@@ -223,11 +208,12 @@ class DPOptimizer(torch.optim.Optimizer):
         if isinstance(sample_rate, bool) or not 0 < float(sample_rate) <= 1:
             raise DPVisionError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
         rate = float(sample_rate)
-        self._declared = GradientRelease(
-            noise_multiplier=self.release.noise_multiplier,
+        self._declared = dataclasses.replace(
+            self.release,
             sample_rate=rate,
-            expected_batch_size=rate * self.num_examples,
-            normalize_update=self.release.normalize_update,
+            # N: the public qN over q, a whole number up to rounding.
+            expected_batch_size=rate
+            * round(self.release.expected_batch_size / self.release.sample_rate),
         )
 
     def discard_pending(self, batch: int | None = None) -> None:
@@ -244,7 +230,7 @@ class DPOptimizer(torch.optim.Optimizer):
             stacklevel=3,
         )
         self.summed = ClippedGradientSum.zeros(self.params, l2_sensitivity=self.max_grad_norm)
-        self._unclipped = torch.zeros((), dtype=torch.float64)
+        self.policy.discard()
         self._pending = None
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -355,40 +341,25 @@ class DPOptimizer(torch.optim.Optimizer):
         # is the view mean (1/K)·Σₖ∇ℓ.
         scale = batch if self.loss_reduction == "mean" else 1.0 / self.views
         try:
-            clipped = clip_terms(
-                terms,
-                self.params,
-                batch,
-                max_grad_norm=self.max_grad_norm,
-                grad_scale=scale,
-                groups=self.groups,
-            )
+            clipped = clip_terms(terms, self.params, batch, policy=self.policy, grad_scale=scale)
         except UnsupportedError as error:
             raise DPVisionError(f"PrivacyEngine does not support {error}") from None
         self.summed.add_(clipped)
-        if self.adaptive is not None:  # exact and private: only its noisy release is used
-            self._unclipped = self._unclipped + self.adaptive.unclipped(clipped.norms)
+        self.policy.observe(clipped.norms)  # private: only a policy's noisy release uses it
 
     def _release(self, release: GradientRelease) -> None:
-        """The one DP-SGD update (:func:`~dpvision.training.engine.noisy_step`) of the
-        accumulated clipped sum: noise once, divide by qN (and C), step, record, update
-        the EMA."""
-        apply = {
-            "release": release,
-            "optimizer": self.original_optimizer,
-            "ledger": self.ledger,
-            "generator": self.generator,
-            "ema": self.ema,
-            "keep_grad": True,
-        }
-        if self.adaptive is None:
-            noisy_step(self.summed, self.params, **apply)
-        else:
-            unclipped, self._unclipped = self._unclipped, torch.zeros((), dtype=torch.float64)
-            adaptive_noisy_step(
-                self.summed, self.params, unclipped, self.adaptive, sigma=self.sigma, **apply
-            )
-            self.max_grad_norm = self.adaptive.clip
+        """The one DP-SGD update (:func:`~dpvision.mechanisms.gradient_release.noisy_step`)
+        of the accumulated clipped sum: noise once, divide by qN (and C), step, record,
+        update the EMA."""
+        noisy_step(
+            self.summed,
+            self.params,
+            release=release,
+            policy=self.policy,
+            optimizer=self.original_optimizer,
+            context=self.context,
+            keep_grad=True,
+        )
         self.summed = ClippedGradientSum.zeros(self.params, l2_sensitivity=self.max_grad_norm)
         self.steps += 1
 

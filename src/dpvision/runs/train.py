@@ -14,9 +14,9 @@ from dpvision.config import TrainConfig, resolve
 from dpvision.distributed import current
 from dpvision.errors import DPVisionError
 from dpvision.mechanisms.secret import SecretRandomness
+from dpvision.runs.auto import apply_recipe
 from dpvision.runs.dpsgd import run_dpsgd
 from dpvision.runs.features import run_features
-from dpvision.runs.recipe import apply_recipe
 from dpvision.runs.saved import TrainedModel
 from dpvision.runs.validation import ValidationRelease
 from dpvision.training.checkpoint import checkpoint_secret

@@ -19,7 +19,8 @@ from dpvision.log import say
 from dpvision.models.encoder import read_encoder
 from dpvision.models.registry import parse_model, wrn_groups
 from dpvision.training.options import DPSGDOptions
-from dpvision.training.pretrain import PretrainOptions, pretrain
+from dpvision.training.pretrain import pretrain
+from dpvision.training.pretrain_options import PretrainOptions
 from dpvision.training.transfer import TransferPlan, phase2_steps_for
 
 

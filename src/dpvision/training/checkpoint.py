@@ -25,14 +25,14 @@ from typing import Any
 import torch
 
 from dpvision.accounting import PrivacyLedger
+from dpvision.averaging import ParameterEMA
 from dpvision.distributed import Workers
 from dpvision.errors import DPVisionError
 from dpvision.fileio import atomic_open, differing_keys, load_torch
 from dpvision.mechanisms import PoissonSampler
-from dpvision.mechanisms.adaptive_clipping import AdaptiveClipping
+from dpvision.mechanisms.clip_policy import ClipPolicy
 from dpvision.mechanisms.noise import NoiseGenerator
 from dpvision.mechanisms.secret import SecretRandomness
-from dpvision.training.engine import ParameterEMA
 
 CHECKPOINT_FORMAT = "dpvision-dpsgd-checkpoint-v1"
 
@@ -51,8 +51,8 @@ class TrainingState:
     noise: NoiseGenerator  # a torch generator (a secure run has no checkpoint)
     augment: torch.Generator
     ledger: PrivacyLedger
+    policy: ClipPolicy  # its state: adaptive clipping's current clip norm
     history: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    adaptive: AdaptiveClipping | None = None  # the current clip norm of adaptive clipping
     secret: SecretRandomness | None = None  # the run's secret randomness (kept, never shown)
 
 
@@ -80,7 +80,7 @@ def save_checkpoint(path: Path, state: TrainingState, settings: dict[str, Any]) 
         "augment": state.augment.get_state(),
         "history": list(state.history),
         "ledger": state.ledger.to_json(),
-        "adaptive": None if state.adaptive is None else state.adaptive.state_dict(),
+        "clip_policy": state.policy.state_dict(),
         "secret": None if state.secret is None else state.secret.state(),
     }
     with atomic_open(path, "wb", private=True) as out:
@@ -159,8 +159,8 @@ def resume(
     state.noise.set_state(payload["noise"])
     state.augment.set_state(payload["augment"])
     state.history[:] = payload["history"]
-    if state.adaptive is not None:
-        state.adaptive.load_state_dict(payload["adaptive"])
+    # (Written as "adaptive", None for flat clipping, before the clip policies.)
+    state.policy.load_state_dict(payload.get("clip_policy", payload.get("adaptive")) or {})
     state.ledger = PrivacyLedger.from_json(payload["ledger"])
 
 

@@ -8,9 +8,9 @@ the training examples.
 import torch
 from torch.func import functional_call
 
+from dpvision.averaging import ParameterEMA
 from dpvision.data.inputs import LazyInputs, TrainingData
 from dpvision.distributed import Workers
-from dpvision.training.engine import ParameterEMA
 
 
 @torch.no_grad()

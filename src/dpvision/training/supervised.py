@@ -26,7 +26,6 @@ so that a private run can refuse it when they include any of its private rows.
 
 import dataclasses
 import hashlib
-import json
 import math
 import time
 from pathlib import Path
@@ -36,160 +35,20 @@ import numpy as np
 import torch
 from torch.nn import functional
 
-from dpvision.data.augment import PADDING_MODES, augment_views
+from dpvision.data.augment import augment_views
+from dpvision.data.core import ImageDataset
 from dpvision.data.datasets import load_dataset, same_dataset
 from dpvision.data.inputs import DATASET_STATISTICS, lazy_pixel_inputs
 from dpvision.data.splits import PUBLIC_SPLIT, public_digests, public_split
 from dpvision.errors import DPVisionError
-from dpvision.fileio import load_session, save_session
-from dpvision.log import progress, say
+from dpvision.log import say
 from dpvision.models.encoder import EncoderInfo, save_encoder
-from dpvision.models.registry import build_network, check_model
+from dpvision.models.registry import build_network
 from dpvision.models.weights import check_trained_on
-from dpvision.training.options import coerce_option
+from dpvision.training.pretrain_options import SupervisedOptions
+from dpvision.training.session import EpochOrder, Session
 
 SUPERVISED_CHECKPOINT_FORMAT = "dpvision-supervised-checkpoint-v1"
-SCHEDULES = ("constant", "step", "cosine")
-
-
-@dataclasses.dataclass(frozen=True)
-class SupervisedOptions:
-    """Hyper-parameters of supervised pre-training (``dpvision pretrain --objective
-    supervised``; the ``[pretrain]`` table of such a config).
-
-    Attributes:
-      dataset: the public dataset (a dpvision dataset name or path spec).
-      data_dir: where its files are (``None``: the standard lookup).
-      num_classes, image_channels: for path datasets (``npz:``, ``imagefolder:``, …), as
-        in ``dpvision train``.
-      public_fraction: 0: the whole training set is public; f in (0, 1): only its public
-        slice (:func:`dpvision.data.splits.public_split`), the rest left to a private run.
-      model: a model spec (:mod:`dpvision.models.sources`).
-      groups: GroupNorm groups of dpvision's WRNs.
-      steps: optimisation steps; if unset, ``epochs`` over the public images.
-      epochs: used when ``steps`` is unset.
-      batch_size, learning_rate, momentum, nesterov, weight_decay: SGD's.
-      schedule: ``constant``, ``step`` (÷10 at each of ``milestones``, fractions of the
-        steps) or ``cosine`` (to 0), after ``warmup_steps`` of linear warm-up.
-      label_smoothing: of the cross-entropy.
-      crop_padding, flip, padding_mode: the random crop and flip (0 and false: none).
-      normalization: ``none`` (pixels in [0, 1]) or ``dataset`` (published statistics);
-        recorded in the file — fine-tune with the same ``learner.normalization``.
-      seed: seeds the initialisation, the order and the augmentation.
-      checkpoint_every: steps between checkpoints (with a checkpoint path).
-    """
-
-    dataset: str = ""
-    data_dir: str | None = None
-    num_classes: int | None = None
-    image_channels: int | None = None
-    public_fraction: float = 0.0
-    model: str = "tanh-cnn"
-    groups: int = 16
-    steps: int | None = None
-    epochs: float | None = 10.0
-    batch_size: int = 128
-    learning_rate: float = 0.1
-    momentum: float = 0.9
-    nesterov: bool = False
-    weight_decay: float = 5e-4
-    schedule: str = "constant"
-    milestones: tuple[float, ...] = (0.5, 0.75)
-    warmup_steps: int = 0
-    label_smoothing: float = 0.0
-    crop_padding: int = 4
-    flip: bool = True
-    padding_mode: str = "reflect"
-    normalization: str = "none"
-    seed: int = 0
-    checkpoint_every: int = 500
-
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> "SupervisedOptions":
-        """Builds and validates the options; unknown keys and bad values are one-line errors."""
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        values: dict[str, Any] = {}
-        for key, value in raw.items():
-            if key not in fields:
-                raise DPVisionError(
-                    f"unknown pretrain option {key!r} for --objective supervised; valid: "
-                    f"{', '.join(sorted(fields))}"
-                )
-            kind = fields[key].type
-            name = kind.__name__ if isinstance(kind, type) else str(kind)
-            values[key] = _coerce(key, value, name)
-        if values.get("steps") is not None and "epochs" not in values:
-            values["epochs"] = None
-        return cls(**values).validated()
-
-    def validated(self) -> "SupervisedOptions":
-        if not self.dataset:
-            raise DPVisionError("supervised pre-training needs --dataset (the public dataset)")
-        check_model(self.model)
-        if (self.steps is None) == (self.epochs is None):
-            raise DPVisionError("give exactly one of pretrain steps and epochs")
-        if self.steps is not None and self.steps < 1:
-            raise DPVisionError(f"pretrain.steps must be >= 1, got {self.steps}")
-        if self.epochs is not None and not self.epochs > 0:
-            raise DPVisionError(f"pretrain.epochs must be > 0, got {self.epochs}")
-        if not 0 <= self.public_fraction < 1:
-            raise DPVisionError(
-                f"pretrain.public_fraction must be in [0, 1), got {self.public_fraction}"
-            )
-        for name in ("batch_size", "learning_rate"):
-            if not getattr(self, name) > 0:
-                raise DPVisionError(f"pretrain.{name} must be > 0, got {getattr(self, name)}")
-        for name in (
-            "momentum",
-            "weight_decay",
-            "warmup_steps",
-            "crop_padding",
-            "groups",
-            "checkpoint_every",
-        ):
-            if getattr(self, name) < 0:
-                raise DPVisionError(f"pretrain.{name} must be >= 0, got {getattr(self, name)}")
-        if self.checkpoint_every < 0:
-            raise DPVisionError(
-                f"pretrain.checkpoint_every must be >= 0, got {self.checkpoint_every}"
-            )
-        if not 0 <= self.label_smoothing < 1:
-            raise DPVisionError(
-                f"pretrain.label_smoothing must be in [0, 1), got {self.label_smoothing}"
-            )
-        if any(not 0 < m < 1 for m in self.milestones):
-            raise DPVisionError("pretrain.milestones must be fractions of the steps in (0, 1)")
-        if not 0 <= self.seed < 2**63:
-            raise DPVisionError(f"pretrain.seed must be in [0, 2**63), got {self.seed}")
-        choices = {
-            "schedule": (self.schedule, SCHEDULES),
-            "padding_mode": (self.padding_mode, PADDING_MODES),
-            "normalization": (self.normalization, ("none", "dataset")),
-        }
-        for name, (value, allowed) in choices.items():
-            if value not in allowed:
-                raise DPVisionError(
-                    f"unknown pretrain.{name} {value!r}; choose one of {', '.join(allowed)}"
-                )
-        return self
-
-    def settings(self) -> dict[str, Any]:
-        """Every option that changes the weights (all but where the data are and how often
-        to checkpoint)."""
-        data = dataclasses.asdict(self)
-        data.pop("checkpoint_every")
-        data.pop("data_dir")
-        return data
-
-
-def _coerce(name: str, value: Any, kind: str) -> Any:
-    if kind.startswith("tuple"):
-        if not isinstance(value, list | tuple) or not all(
-            isinstance(v, int | float) and not isinstance(v, bool) for v in value
-        ):
-            raise DPVisionError(f"pretrain.{name} must be a list of numbers, got {value!r}")
-        return tuple(float(v) for v in value)
-    return coerce_option(name, value, kind, table="pretrain")
 
 
 def learning_rate_at(options: SupervisedOptions, step: int, steps: int) -> float:
@@ -243,6 +102,92 @@ def pretrain_supervised(
     cost, and the file says which data it was trained on.
     """
     start = time.perf_counter()
+    device = device or torch.device("cpu")
+    data = _public_data(options, device)
+    n = len(data.rows)
+    steps = options.steps or math.ceil((options.epochs or 0) * math.ceil(n / options.batch_size))
+    seeds = _seeds(options.seed)
+    torch.manual_seed(seeds["init"])
+    model = build_network(
+        options.model, data.shape, data.dataset.num_classes, groups=options.groups
+    )
+    model = model.to(device)
+    optimizer = torch.optim.SGD(
+        model.parameters(),
+        lr=options.learning_rate,
+        momentum=options.momentum,
+        nesterov=options.nesterov,
+        weight_decay=options.weight_decay,
+    )
+    order = EpochOrder(np.random.default_rng(seeds["order"]))
+    augment = torch.Generator().manual_seed(seeds["augment"])
+    parts = {"model": model, "optimizer": optimizer, "order": order, "augment": augment}
+    session = Session(
+        SUPERVISED_CHECKPOINT_FORMAT, "pre-training", options.settings(), parts, spread=("order",)
+    )
+    session.resume_if_saved(checkpoint, quiet)
+    say(
+        f"supervised pre-training of {options.model} "
+        f"({sum(p.numel() for p in model.parameters())} parameters) on "
+        f"{trained_on(options, data.dataset.name)}: {n} images, {steps} steps of "
+        f"{options.batch_size} (public data: no privacy cost)",
+        quiet,
+    )
+
+    def loss_at(step: int) -> torch.Tensor:
+        index = torch.as_tensor(order.next_batch(n, options.batch_size))
+        x = _augmented(data.inputs[index], options, augment)
+        return functional.cross_entropy(
+            model(x), data.targets[index], label_smoothing=options.label_smoothing
+        )
+
+    model.train()
+    session.train(
+        optimizer,
+        loss_at,
+        lambda step: learning_rate_at(options, step, steps),
+        steps=steps,
+        checkpoint=checkpoint,
+        checkpoint_every=options.checkpoint_every,
+        started=start,
+        quiet=quiet,
+    )
+    model.eval()
+    test_accuracy = _accuracy(model, data.dataset, options.normalization, device)
+    metadata = _metadata(options, data, steps, session.losses, test_accuracy, start)
+    public_rows = public_rows_record(data.images[data.rows], data.labels[data.rows])
+    save_encoder(out, model.cpu(), _encoder_info(options, data, {**metadata, **public_rows}))
+    # The summary is JSON: the digests stay in the file, their sha256 is in both.
+    public_rows.pop("public_row_digests")
+    return {"encoder": str(out), **metadata, **public_rows}
+
+
+@dataclasses.dataclass(frozen=True)
+class _PublicData:
+    """The public dataset of a run: its training set, the rows read (the public ones), and
+    those rows as model inputs and targets on the run's device."""
+
+    dataset: ImageDataset
+    images: np.ndarray
+    labels: np.ndarray
+    rows: np.ndarray
+    inputs: Any
+    targets: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """One input's shape (channels, height, width)."""
+        channels, height, width = (int(v) for v in self.inputs.shape[1:])
+        return channels, height, width
+
+
+def _public_data(options: SupervisedOptions, device: torch.device) -> _PublicData:
+    """Loads the dataset and keeps its public rows (all of its training set when
+    ``public_fraction`` is 0).
+
+    Privacy: only the public slice's rows become inputs; which rows they are depends on
+    each row alone (:func:`dpvision.data.splits.public_split`).
+    """
     dataset = load_dataset(
         options.dataset,
         options.data_dir,
@@ -257,121 +202,65 @@ def pretrain_supervised(
         raise DPVisionError(
             f"pretrain.batch_size {options.batch_size} exceeds the {len(rows)} public images"
         )
-    device = device or torch.device("cpu")
     inputs = lazy_pixel_inputs(images[rows], dataset.name, options.normalization).to(device)
     targets = torch.as_tensor(labels[rows], dtype=torch.long).to(device)
-    per_epoch = math.ceil(len(rows) / options.batch_size)
-    steps = options.steps or math.ceil((options.epochs or 0) * per_epoch)
-    shape = tuple(int(v) for v in inputs.shape[1:])
-    seeds = _seeds(options.seed)
-    torch.manual_seed(seeds["init"])
-    model = build_network(options.model, shape, dataset.num_classes, groups=options.groups)
-    model = model.to(device)
-    optimizer = torch.optim.SGD(
-        model.parameters(),
-        lr=options.learning_rate,
-        momentum=options.momentum,
-        nesterov=options.nesterov,
-        weight_decay=options.weight_decay,
-    )
-    session = _Session(
-        options.settings(),
-        model,
-        optimizer,
-        order=np.random.default_rng(seeds["order"]),
-        augment=torch.Generator().manual_seed(seeds["augment"]),
-    )
-    if checkpoint is not None and Path(checkpoint).exists():
-        session.resume(Path(checkpoint))
-        say(f"resumed pre-training from {checkpoint} at step {session.step}", quiet)
-    say(
-        f"supervised pre-training of {options.model} "
-        f"({sum(p.numel() for p in model.parameters())} parameters) on "
-        f"{trained_on(options, dataset.name)}: {len(rows)} images, {steps} steps of "
-        f"{options.batch_size} (public data: no privacy cost)",
-        quiet,
-    )
-    model.train()
-    last_report, window = time.perf_counter(), []
-    while session.step < steps:
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate_at(options, session.step, steps)
-        index = torch.as_tensor(session.next_batch(len(rows), options.batch_size))
-        x = inputs[index]
-        if options.crop_padding or options.flip:
-            x = augment_views(
-                x,
-                1,
-                session.augment,
-                padding=options.crop_padding,
-                flip=options.flip,
-                mode=options.padding_mode,
-            )[:, 0]
-        loss = functional.cross_entropy(
-            model(x), targets[index], label_smoothing=options.label_smoothing
-        )
-        if not torch.isfinite(loss):
-            raise DPVisionError(
-                f"pre-training diverged at step {session.step} (loss {float(loss)}); lower "
-                "pretrain.learning_rate"
-            )
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        session.step += 1
-        window.append(float(loss.detach()))
-        if session.step % 50 == 0 or session.step == steps:
-            session.losses.append({"step": session.step, "loss": float(np.mean(window))})
-            window = []
-        if time.perf_counter() - last_report > 30 and session.losses:
-            say(
-                f"pre-training {progress(session.step, steps, time.perf_counter() - start)}: "
-                f"loss {session.losses[-1]['loss']:.4f}",
-                quiet,
-            )
-            last_report = time.perf_counter()
-        every = options.checkpoint_every
-        if (
-            checkpoint is not None
-            and every
-            and (session.step % every == 0 or session.step == steps)
-        ):
-            session.save(Path(checkpoint))
-    model.eval()
-    test_accuracy = _accuracy(model, dataset, options.normalization, device)
-    mean, std = (
-        DATASET_STATISTICS[dataset.name]
-        if options.normalization == "dataset"
-        else ((0.0,) * shape[0], (1.0,) * shape[0])
-    )
-    metadata = {
+    return _PublicData(dataset, images, labels, rows, inputs, targets)
+
+
+def _augmented(
+    x: torch.Tensor, options: SupervisedOptions, generator: torch.Generator
+) -> torch.Tensor:
+    """One random crop and flip of each image (none when both are off)."""
+    if not (options.crop_padding or options.flip):
+        return x
+    return augment_views(
+        x,
+        1,
+        generator,
+        padding=options.crop_padding,
+        flip=options.flip,
+        mode=options.padding_mode,
+    )[:, 0]
+
+
+def _metadata(
+    options: SupervisedOptions,
+    data: _PublicData,
+    steps: int,
+    losses: list[dict[str, float]],
+    test_accuracy: float,
+    start: float,
+) -> dict[str, Any]:
+    """What the output file and the summary record of the run (wall time up to now)."""
+    return {
         "objective": "supervised",
-        "trained_on": trained_on(options, dataset.name),
-        "dataset": dataset.name,
+        "trained_on": trained_on(options, data.dataset.name),
+        "dataset": data.dataset.name,
         "public_fraction": options.public_fraction,
-        "n_images": len(rows),
-        "num_classes": int(dataset.num_classes),
+        "n_images": len(data.rows),
+        "num_classes": int(data.dataset.num_classes),
         "normalization": options.normalization,
         "private_data": False,
         "options": dataclasses.asdict(options),
         "steps": steps,
-        "final_loss": session.losses[-1]["loss"] if session.losses else None,
+        "final_loss": losses[-1]["loss"] if losses else None,
         "test_accuracy": test_accuracy,
         "wall_seconds": time.perf_counter() - start,
     }
-    public_rows = public_rows_record(images[rows], labels[rows])
-    info = EncoderInfo(
-        options.model,
-        shape,
-        options.groups,
-        tuple(mean),
-        tuple(std),
-        {**metadata, **public_rows},
+
+
+def _encoder_info(
+    options: SupervisedOptions, data: _PublicData, metadata: dict[str, Any]
+) -> EncoderInfo:
+    """The encoder file's header: the model, and the input normalisation it was trained
+    with (the dataset's published statistics, or none)."""
+    shape = data.shape
+    mean, std = (
+        DATASET_STATISTICS[data.dataset.name]
+        if options.normalization == "dataset"
+        else ((0.0,) * shape[0], (1.0,) * shape[0])
     )
-    save_encoder(out, model.cpu(), info)
-    # The summary is JSON: the digests stay in the file, their sha256 is in both.
-    public_rows.pop("public_row_digests")
-    return {"encoder": str(out), **metadata, **public_rows}
+    return EncoderInfo(options.model, shape, options.groups, tuple(mean), tuple(std), metadata)
 
 
 def public_rows_record(rows: np.ndarray, labels: np.ndarray) -> dict[str, Any]:
@@ -525,54 +414,3 @@ def _accuracy(
         index = torch.arange(begin, min(begin + 1024, len(labels)))
         correct += int((model(inputs[index]).argmax(1) == labels[index]).sum())
     return correct / max(len(labels), 1)
-
-
-@dataclasses.dataclass
-class _Session:
-    """The state a checkpoint of supervised pre-training holds."""
-
-    settings: dict[str, Any]
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    order: np.random.Generator
-    augment: torch.Generator
-    step: int = 0
-    position: int = 0
-    permutation: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))
-    losses: list[dict[str, float]] = dataclasses.field(default_factory=list)
-
-    def next_batch(self, n: int, size: int) -> np.ndarray:
-        """The next ``size`` rows of a fresh permutation per epoch (the last partial batch
-        of an epoch is dropped)."""
-        if self.position + size > len(self.permutation):
-            self.permutation = self.order.permutation(n)
-            self.position = 0
-        rows = self.permutation[self.position : self.position + size]
-        self.position += size
-        return np.sort(rows)
-
-    def save(self, path: Path) -> None:
-        """Writes the checkpoint atomically."""
-        state = {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "order": json.dumps(self.order.bit_generator.state),
-            "augment": self.augment.get_state(),
-            "permutation": torch.from_numpy(self.permutation.copy()),
-            "position": self.position,
-            "step": self.step,
-            "losses": list(self.losses),
-        }
-        save_session(path, SUPERVISED_CHECKPOINT_FORMAT, self.settings, state)
-
-    def resume(self, path: Path) -> None:
-        """Restores a checkpoint; refuses one of other options (and leaves it alone)."""
-        payload = load_session(path, SUPERVISED_CHECKPOINT_FORMAT, self.settings, "pre-training")
-        self.model.load_state_dict(payload["model"])
-        self.optimizer.load_state_dict(payload["optimizer"])
-        self.order.bit_generator.state = json.loads(payload["order"])
-        self.augment.set_state(payload["augment"])
-        self.permutation = payload["permutation"].numpy()
-        self.position = int(payload["position"])
-        self.step = int(payload["step"])
-        self.losses = list(payload["losses"])

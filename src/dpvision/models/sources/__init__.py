@@ -2,7 +2,7 @@
 
 ``learner.model`` is a *model spec*:
 
-* a dpvision name (``tanh-cnn``, ``wrn-16-4``, … :data:`dpvision.models.registry.MODELS_HELP`);
+* a dpvision name (``tanh-cnn``, ``wrn-16-4``, … :data:`dpvision.models.spec.MODELS_HELP`);
 * ``timm:NAME`` — ``timm.create_model(NAME, pretrained=False, num_classes=…, in_chans=…)``;
 * ``torchvision:NAME`` — ``torchvision.models.get_model(NAME, weights=None, num_classes=…)``;
 * ``python:MODULE:CALLABLE`` or ``python:FILE.py:CALLABLE`` — any factory returning an

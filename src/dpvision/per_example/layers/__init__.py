@@ -17,9 +17,10 @@ backward pass).
 Every module with trainable parameters is *claimed* by one rule (:func:`claims`), one small
 module per layer kind, registered by type (:func:`register_rule`):
 
-* dense: ``nn.Linear`` on any leading shape and ``WSConv2d``
-  (:mod:`~dpvision.per_example.layers.dense`), ``nn.Conv1d/2d/3d`` with any ``groups``,
-  stride, dilation, padding and padding mode (:mod:`~dpvision.per_example.layers.conv`);
+* dense: ``nn.Linear`` on any leading shape (:mod:`~dpvision.per_example.layers.dense`),
+  ``WSConv2d`` (:mod:`~dpvision.per_example.layers.wsconv`), ``nn.Conv1d/2d/3d`` with any
+  ``groups``, stride, dilation, padding and padding mode
+  (:mod:`~dpvision.per_example.layers.conv`);
 * small per-example gradients formed directly: affine ``nn.GroupNorm``, ``nn.LayerNorm``,
   ``nn.RMSNorm``, ``nn.InstanceNorm1d/2d/3d`` (no running statistics), ``nn.PReLU`` and
   BatchNorm with frozen statistics (evaluation mode, or
@@ -55,6 +56,7 @@ from dpvision.per_example.layers import (
     layer_norm,
     prelu,
     rms_norm,
+    wsconv,
 )
 from dpvision.per_example.layers.base import (
     MATERIALISE_BYTES,
@@ -103,6 +105,7 @@ __all__ = [
     "rms_norm",
     "rule_of",
     "sum_calls",
+    "wsconv",
 ]
 
 # A layer with trainable parameters, no children with trainable parameters and no rule of

@@ -1,7 +1,7 @@
 """The rule of layers whose output is ``a @ Wᵀ`` over positions: ``nn.Linear`` (any leading
-dimensions), ``nn.Conv2d`` (zeros padding, ``groups=1``, via im2col; registered by
-:mod:`~dpvision.per_example.layers.conv`) and ``WSConv2d``
-(gradients mapped through the weight standardisation to the raw weight and the gain).
+dimensions) and ``nn.Conv2d`` (zeros padding, ``groups=1``, via im2col; registered by
+:mod:`~dpvision.per_example.layers.conv`). ``WSConv2d`` extends it
+(:mod:`~dpvision.per_example.layers.wsconv`).
 
 Example i's weight gradient is Gᵢ = Σₜ gᵢₜ aᵢₜᵀ; its squared norm comes from the ghost trick
 (memory B·T²) or from materialising Gᵢ (memory B·p·d), whichever is cheaper.
@@ -15,7 +15,6 @@ import torch.nn.functional as F  # noqa: N812 (the usual PyTorch alias)
 from torch import nn
 from torch.nn.grad import conv2d_weight
 
-from dpvision.models.layers import WSConv2d, same_padding
 from dpvision.per_example.layers.base import (
     MATERIALISE_BYTES,
     Call,
@@ -46,25 +45,21 @@ GROUPED_CHUNK = 64
 _GHOST_CHUNK_BYTES = 1 << 27
 
 
-class _Dense:
-    """How a Linear or a convolution sees its calls: im2col rows and the weighted product."""
+class DenseView:
+    """How a Linear or a convolution sees its calls: im2col rows and the weighted product.
+
+    A convolution of another type (``WSConv2d``) subclasses it with its own :meth:`padded`
+    and :meth:`geometry`.
+    """
 
     def __init__(self, module: nn.Module) -> None:
         self.module = module
-        self.is_conv = isinstance(module, nn.Conv2d | WSConv2d)
+        self.is_conv = isinstance(module, nn.Conv2d)
 
     def padded(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """The input after any explicit padding, and the padding the convolution adds itself
         (symmetric padding is left to the kernels: no padded copy)."""
         module = self.module
-        if isinstance(module, WSConv2d):
-            if module.padding == "same":
-                top, bottom = same_padding(x.shape[-2], module.kernel_size, module.stride)
-                left, right = same_padding(x.shape[-1], module.kernel_size, module.stride)
-                if top == bottom and left == right:
-                    return x, (top, left)
-                return F.pad(x, (left, right, top, bottom)), (0, 0)
-            return x, (module.padding, module.padding)
         assert isinstance(module, nn.Conv2d)
         if isinstance(module.padding, str):
             if module.padding == "valid":
@@ -81,9 +76,6 @@ class _Dense:
     def geometry(self) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int]]:
         """(kernel size, stride, dilation) of a convolution."""
         module = self.module
-        if isinstance(module, WSConv2d):
-            k, s = module.kernel_size, module.stride
-            return (k, k), (s, s), (1, 1)
         assert isinstance(module, nn.Conv2d)
         return (
             (int(module.kernel_size[0]), int(module.kernel_size[1])),
@@ -259,10 +251,10 @@ def _ghost_sq_norms(
     return torch.cat(parts) if parts else g.new_zeros(0)
 
 
-class _Im2colGhost:
+class Im2colGhost:
     """Ghost norms from im2col rows a (B, T, d): Gram matrices over d."""
 
-    def __init__(self, dense: _Dense, calls: list[Call], views: int) -> None:
+    def __init__(self, dense: DenseView, calls: list[Call], views: int) -> None:
         pairs = [dense.rows(x, g, views) for x, g in calls]
         self.a = torch.cat([r[0] for r in pairs], 1) if len(pairs) > 1 else pairs[0][0]
         self.g = torch.cat([r[1] for r in pairs], 1) if len(pairs) > 1 else pairs[0][1]
@@ -281,7 +273,7 @@ class _Im2colGhost:
         return self.a @ vectors.T
 
 
-class _PixelGhost:
+class PixelGhost:
     """Ghost norms of one convolution call from the Gram matrix of its input *pixels*.
 
     aₜ·aₜ′ = Σₖ x[t + k]·x[t′ + k] over the kernel offsets k: the (T, T) Gram matrix of the
@@ -289,7 +281,7 @@ class _PixelGhost:
     which costs (K·Hp·Wp)²·C instead of T²·C·kh·kw, and needs no im2col copy.
     """
 
-    def __init__(self, dense: _Dense, x: torch.Tensor, g: torch.Tensor, views: int) -> None:
+    def __init__(self, dense: DenseView, x: torch.Tensor, g: torch.Tensor, views: int) -> None:
         self.dense, self.views = dense, views
         self.kernel, self.stride, self.dilation = dense.geometry()
         self.x, self.padding = dense.padded(x)
@@ -336,9 +328,9 @@ class _PixelGhost:
         return self.rows(out)
 
 
-@register_rule(nn.Linear, WSConv2d, low_precision=True)
+@register_rule(nn.Linear, low_precision=True)
 class DenseTerms(LayerTerms):
-    """Linear, Conv2d and WSConv2d layers.
+    """Linear and Conv2d layers (and, through a subclass, WSConv2d).
 
     Every quantity a norm reads comes from the recorded input and output gradient, never
     from the layer's forward output: that was computed by other kernels, in the pass's
@@ -347,10 +339,12 @@ class DenseTerms(LayerTerms):
     one example move the sum by 12 C in bfloat16).
     """
 
+    # How the layer's calls are read (a subclass for a convolution of another type).
+    view: type[DenseView] = DenseView
+
     def __init__(self, module: nn.Module, calls: list[Call], views: int, strategy: Strategy):
         self.module, self.calls, self.views = module, calls, views
-        self.dense = _Dense(module)
-        self.ws = module if isinstance(module, WSConv2d) else None
+        self.dense = self.view(module)
         weight = module.weight
         assert isinstance(weight, torch.Tensor)
         p, d = weight.shape[0], weight[0].numel()
@@ -361,9 +355,9 @@ class DenseTerms(LayerTerms):
         # im2col rows or (K·Hp·Wp)²·C + T²·(p + kh·kw) from the pixels.
         im2col = positions * positions * (p + d)
         pixel = self._pixel_cost(calls, views, positions, p)
-        if self.ws is not None:  # ⟨Gₒ, w̃ₒ⟩ needs aₜ·w̃ₒ: a product or a convolution
-            im2col += positions * p * d
-            pixel += positions * p * d
+        extra = self._ghost_extra_cost(positions * p * d)
+        im2col += extra
+        pixel += extra
         self.pixel = pixel < math.inf and (
             strategy == "pixel" or (strategy == "auto" and pixel < im2col)
         )
@@ -374,7 +368,6 @@ class DenseTerms(LayerTerms):
         )
         self.train_weight = trainable(weight)
         self.train_bias = trainable(getattr(module, "bias", None))
-        self.train_gain = self.ws is not None and trainable(self.ws.gain)
         sq = weight.new_zeros(batch)
         self.bias_rows: torch.Tensor | None = None
         if self.train_bias:
@@ -386,12 +379,8 @@ class DenseTerms(LayerTerms):
         # bfloat16 product of bfloat16 values, accumulated in float32), their norms and
         # their clipped sum read in float32 from this one tensor.
         self.per_example: torch.Tensor | None = None
-        # WSConv2d: the per-example gain gradients (B, p); with materialised rows,
-        # per_example holds the raw weight's per-example gradients (mapped).
-        self.gain_rows: torch.Tensor | None = None
-        self.mapped = False
         self.natural = False  # whether per_example's columns are (C_in, kh, kw), not im2col's
-        if self.train_weight or self.train_gain:
+        if self._weight_terms_needed():
             if self.materialise:
                 parts = [self.dense.per_example(*kernel_precision(x, g), views) for x, g in calls]
                 # Mixed orders (calls on different image sizes) all go to the weight's own.
@@ -401,13 +390,12 @@ class DenseTerms(LayerTerms):
                     for part, natural in parts
                 )
                 sq = sq + self._materialised_sq(self.per_example)
-                self.mapped = self.ws is not None
-                self.calls = []  # the sum reads per_example (and gain_rows)
+                self.calls = []  # the sum reads per_example
             elif self.pixel:
                 ((x, g),) = float32_calls(calls)
-                sq = sq + self._ghost_sq(_PixelGhost(self.dense, x, g, views))
+                sq = sq + self._ghost_sq(PixelGhost(self.dense, x, g, views))
             else:
-                sq = sq + self._ghost_sq(_Im2colGhost(self.dense, float32_calls(calls), views))
+                sq = sq + self._ghost_sq(Im2colGhost(self.dense, float32_calls(calls), views))
         self.sq_norms = sq
 
     def _pixel_cost(self, calls: list[Call], views: int, positions: int, p: int) -> float:
@@ -420,118 +408,69 @@ class DenseTerms(LayerTerms):
         pixels = views * (x.shape[-2] + 2 * ph) * (x.shape[-1] + 2 * pw)
         return float(pixels * pixels * x.shape[1] + positions * positions * (p + kh * kw))
 
-    # --- weight standardisation ------------------------------------------------------
-    def _standardisation(
-        self, natural: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """w̃ (p, d), γ/s (p,) and whether the variance term is live (p,), for WSConv2d.
+    # --- what a subclass changes ---------------------------------------------------------
+    def _ghost_extra_cost(self, product: int) -> int:
+        """What the ghost routes cost besides the norms, given T·p·d (none here)."""
+        return 0
 
-        ŵ = γ·w̃ with w̃ = (w − μ)/s and s = sqrt(max(‖w − μ‖², eps)). For G = ∂L/∂ŵ:
-        ∂L/∂γ = ⟨G, w̃⟩ and ∂L/∂w = (γ/s)(G − mean(G) − w̃⟨G, w̃⟩·[‖w − μ‖² ≥ eps]);
-        below eps, s is a constant and only the mean is projected out.
-        """
-        ws = self.ws
-        assert ws is not None
-        with torch.no_grad():
-            w = ws.weight.reshape(len(ws.weight), -1) if natural else self.dense.matrix(ws.weight)
-            centred = w - w.mean(1, keepdim=True)
-            energy = centred.pow(2).sum(1)  # fan_in · var
-            s = energy.clamp(min=ws.eps).sqrt()
-            return centred / s[:, None], ws.gain.reshape(-1) / s, energy >= ws.eps
-
-    def _map_ws(self, grad_hat: torch.Tensor, natural: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """(…, p, d) gradients w.r.t. ŵ → (gradients w.r.t. w, w.r.t. γ (…, p)), in the
-        weight's own order if ``natural``, else im2col order."""
-        tilde, ratio, live = self._standardisation(natural)
-        gain = (grad_hat * tilde).sum(-1)
-        centred = grad_hat - grad_hat.mean(-1, keepdim=True)
-        weight = ratio[:, None] * (centred - tilde * (gain * live)[..., None])
-        return weight, gain
-
-    def _map_rows(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`_map_ws` of per-example (B, p, d) gradients, in place (``rows`` is this
-        rule's own tensor) and without temporaries of that size."""
-        tilde, ratio, live = self._standardisation(self.natural)
-        gain = torch.einsum("bpd,pd->bp", rows, tilde)
-        rows.sub_(rows.mean(-1, keepdim=True))
-        rows.addcmul_(tilde, (gain * live)[..., None], value=-1.0)
-        rows.mul_(ratio[:, None])
-        return rows, gain
+    def _weight_terms_needed(self) -> bool:
+        """Whether the weight's per-example gradients are needed (it trains)."""
+        return self.train_weight
 
     def _materialised_sq(self, per_example: torch.Tensor) -> torch.Tensor:
-        if self.ws is None:
-            return sq_rows(per_example)
-        # Each example's gradients of the raw weight and of the gain, formed once: their
-        # norms and, in clipped_sum, their clipped sums read these very rows (a norm by
-        # ‖G‖² − d·mean² − ⟨G, w̃⟩² cancels, and could miss what the mapped sum adds).
-        weight_rows, self.gain_rows = self._map_rows(float32_calls(per_example))
-        self.per_example = weight_rows if self.train_weight else None
-        sq = sq_rows(weight_rows) if self.train_weight else weight_rows.new_zeros(len(weight_rows))
-        return sq + sq_rows(self.gain_rows) if self.train_gain else sq
+        """Per-example squared norms from the materialised weight gradients."""
+        return sq_rows(per_example)
 
-    def _ghost_sq(self, source: "_Im2colGhost | _PixelGhost") -> torch.Tensor:
-        g = source.g
-        if self.ws is None:
-            return source.sq_norms(g)
-        tilde, ratio, _ = self._standardisation(natural=isinstance(source, _PixelGhost))
-        gain = torch.einsum("btp,btp->bp", g, self._project(source, tilde))  # ⟨Gₒ, w̃ₒ⟩
-        self.gain_rows = gain  # the gain's per-example gradients: its sum reads them too
-        sq = g.new_zeros(g.shape[0])
-        if self.train_weight:
-            # An upper bound, ‖∂wₒ‖ ≤ (γₒ/sₒ)‖Gₒ‖: the projection off 1 and w̃ₒ only shrinks.
-            # The exact ‖Gₒ‖² − d·mean(Gₒ)² − ⟨Gₒ, w̃ₒ⟩² cancels in float32: a patch α·1 + ρ·v
-            # (v ⟂ 1, w̃; the weights are public) made it 0 while the mapped sum added 400 C.
-            # With the bound, an example whose gradient lies mostly along 1 or w̃ₒ is clipped
-            # more than it needs; the mapped sum adds at most C.
-            sq = sq + source.sq_norms(g * ratio)
-        return sq + gain.pow(2).sum(1) if self.train_gain else sq
-
-    def _project(self, source: "_Im2colGhost | _PixelGhost", tilde: torch.Tensor) -> torch.Tensor:
-        """(B, T, p) aₜ·w̃ₒ from the recorded input: a product with the im2col rows, or a
-        convolution of the pixels with w̃."""
-        if isinstance(source, _Im2colGhost):
-            return source.project(tilde)
-        ws = self.ws
-        assert ws is not None
-        return source.convolve(tilde.reshape(ws.weight.shape))
+    def _ghost_sq(self, source: "Im2colGhost | PixelGhost") -> torch.Tensor:
+        """Per-example squared norms of the weight gradients by the ghost trick."""
+        return source.sq_norms(source.g)
 
     # --- the clipped sum ---------------------------------------------------------------
     def clipped_sum(
         self, scale: torch.Tensor, drop: torch.Tensor | None
     ) -> dict[str, torch.Tensor]:
-        module, out = self.module, {}
-        weight = module.weight
-        assert isinstance(weight, torch.Tensor)
+        out = self._bias_sum(scale, drop)
+        if not self.train_weight:
+            return out
+        grad_hat, natural = self._weight_sum(scale, drop)
+        out["weight"] = self._unmatrix(grad_hat, natural)
+        return out
+
+    def _bias_sum(self, scale: torch.Tensor, drop: torch.Tensor | None) -> dict[str, torch.Tensor]:
+        """The clipped sum of the bias (empty if it does not train)."""
+        out = {}
         if self.bias_rows is not None:
             rows = self.bias_rows if drop is None else self.bias_rows.masked_fill(drop[:, None], 0)
             out["bias"] = scale.to(rows.dtype) @ rows
-        if not (self.train_weight or self.train_gain):
-            return out
-        if self.ws is not None and self.gain_rows is not None and self.train_gain:
-            rows = self.gain_rows if drop is None else self.gain_rows.masked_fill(drop[:, None], 0)
-            out["gain"] = (scale.to(rows.dtype) @ rows).reshape(self.ws.gain.shape)
-        if self.mapped and not self.train_weight:
-            return out
+        return out
+
+    def _weight_sum(
+        self, scale: torch.Tensor, drop: torch.Tensor | None
+    ) -> tuple[torch.Tensor, bool]:
+        """Σᵢ scaleᵢ·Gᵢ as a (p, d) matrix, and whether its columns are in the weight's own
+        order (C_in, kh, kw) rather than im2col's: from the kept per-example gradients, else
+        one weighted product of the recorded calls."""
         if self.per_example is not None:
             per_example = float32_calls(self.per_example)
             if drop is not None:
                 per_example = per_example.masked_fill(drop[:, None, None], 0)
             grad_hat = torch.tensordot(scale.to(per_example.dtype), per_example, dims=1)
-            natural = self.natural
-        else:
-            row_scale = scale.repeat_interleave(self.views)
-            grad_hat = 0
-            for x, g in float32_calls(self.calls):
-                g = g * row_scale.to(g.dtype).view(-1, *[1] * (g.dim() - 1))
-                if drop is not None:
-                    g = g.masked_fill(row_mask(drop, self.views, g), 0)
-                    x = x.masked_fill(row_mask(drop, self.views, x), 0)
-                grad_hat = grad_hat + self.dense.weighted_product(x, g)
-            assert isinstance(grad_hat, torch.Tensor)
-            natural = False
-        unmatrix = (lambda m: m.reshape(weight.shape)) if natural else self.dense.unmatrix
-        if self.ws is None or self.mapped:  # plain, or rows already of the raw weight
-            out["weight"] = unmatrix(grad_hat)
-        elif self.train_weight:
-            out["weight"] = unmatrix(self._map_ws(grad_hat, natural)[0])
-        return out
+            return grad_hat, self.natural
+        row_scale = scale.repeat_interleave(self.views)
+        total: torch.Tensor | int = 0
+        for x, g in float32_calls(self.calls):
+            g = g * row_scale.to(g.dtype).view(-1, *[1] * (g.dim() - 1))
+            if drop is not None:
+                g = g.masked_fill(row_mask(drop, self.views, g), 0)
+                x = x.masked_fill(row_mask(drop, self.views, x), 0)
+            total = total + self.dense.weighted_product(x, g)
+        assert isinstance(total, torch.Tensor)
+        return total, False
+
+    def _unmatrix(self, matrix: torch.Tensor, natural: bool) -> torch.Tensor:
+        """A (p, d) matrix in the given column order back to the weight's shape."""
+        if natural:
+            weight = self.module.weight
+            assert isinstance(weight, torch.Tensor)
+            return matrix.reshape(weight.shape)
+        return self.dense.unmatrix(matrix)

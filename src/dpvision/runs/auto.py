@@ -1,6 +1,7 @@
-"""The default recipe applied when a run starts: ``method = "auto"`` and ``dp-sgd``'s
-``learner.model = "auto"`` resolved from the public facts of the data (the number of
-training examples N and the image shape), with what was chosen and why for the result.
+"""Every ``auto`` left in a config, resolved when the run starts (the default recipe):
+``method = "auto"`` and ``dp-sgd``'s ``learner.model = "auto"`` filled in from the public
+facts of the data (the number of training examples N and the image shape), with what was
+chosen and why for the result.
 
 The rules are :mod:`dpvision.recipes`; this module only reads the facts and fills them in.
 """

@@ -16,7 +16,7 @@ from dpvision.recipes import (
     linear_schedule,
     schedule_for,
 )
-from dpvision.runs.recipe import apply_recipe
+from dpvision.runs.auto import apply_recipe
 
 
 @pytest.fixture(autouse=True)

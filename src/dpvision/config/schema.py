@@ -1,0 +1,166 @@
+"""The run configuration's dataclass, :class:`TrainConfig`: its fields, their ranges (field
+metadata, :mod:`dpvision.options`) and what a run derives from them.
+"""
+
+import dataclasses
+import functools
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from dpvision.data.core import ImageDataset
+from dpvision.data.datasets import load_dataset
+from dpvision.devices import Placement, placement
+from dpvision.features.preprocessing import PreprocessingConfig
+from dpvision.learners import LEARNERS
+from dpvision.mechanisms.secret import SecretRandomness
+from dpvision.options import Choice, Interval, option
+from dpvision.recipes import AUTO
+from dpvision.training.options import DPSGDOptions
+
+__all__ = ["DEEP_METHODS", "METHODS", "TrainConfig"]
+
+DEEP_METHODS = ("dp-sgd", "dp-randp")
+"""The methods that train a network (:class:`dpvision.training.options.DPSGDOptions`)."""
+METHODS = (AUTO, *LEARNERS, *DEEP_METHODS)
+"""``auto``, the feature learners (:data:`dpvision.learners.LEARNERS`), the deep methods."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything ``dpvision train`` needs; the resolved copy is written into the result JSON.
+
+    Attributes:
+      dataset: a dataset name (``digits``, ``fashion-mnist``, …, ``npz:PATH``).
+      data_dir: where its files are (``None``: the standard lookup order).
+      num_classes: the number of classes, for datasets whose labels dpvision cannot know
+        (``npz:``, ``npy:``, precomputed features of an unlisted dataset). It fixes the
+        model's output shape, so it is never read off the private labels.
+      image_channels: ``imagefolder:`` datasets: 3 (RGB, the default) or 1 (grayscale).
+      method: ``dp-ls``, ``dp-newton``, ``dp-fc``, ``dp-sgd-linear`` (on features),
+        ``dp-sgd`` (deep models, see :class:`dpvision.training.options.DPSGDOptions`),
+        ``dp-randp`` (DP-SGD in Phases II and III from a Phase I encoder) or ``auto`` (the
+        default): the default recipe (:mod:`dpvision.recipes`), ``dp-sgd-linear`` with a
+        schedule fitted to ε and to the number of training examples when the run starts.
+      features: a feature spec (``pixels``, ``scatternet``, ``scatternet:pool=2``, …) or
+        ``auto`` (the default): for ``auto`` and ``dp-sgd-linear``, ``scatternet`` on images
+        of 8 pixels a side or more and ``pixels`` below; ``pixels`` for the other methods
+        (:func:`dpvision.recipes.default_features`).
+      epsilon: the target ε of the whole run (``inf``: no noise); or give noise_multiplier.
+      delta: the target δ.
+      noise_multiplier: σ instead of a target ε (``0``: no noise).
+      accountant: ``pld``, ``rdp``, ``gaussian``, ``classic-rdp`` or ``None`` (tightest valid).
+      seed: the *public* seed (published with the config): weight initialisation,
+        augmentation draws, synthetic images, data order. Never the noise, the sampling or
+        the splits' coins (``docs/guarantees.md``).
+      secret_seed: makes the secret randomness (noise, Poisson sampling, the validation
+        split's coins, tune's draws) replayable, for research; ``None`` (the default): 256
+        bits of fresh OS entropy every run (:mod:`dpvision.mechanisms.secret`). Never
+        written to any output; a guessable secret seed protects nothing.
+      device: where the run computes: ``auto`` (the default: CUDA when torch sees it, else
+        the CPU), ``cpu``, ``cuda`` or ``cuda:N`` (:mod:`dpvision.devices`).
+      precision: ``fp32`` (the default) or ``bf16``: the forward and backward passes of
+        ``dp-sgd``/``dp-randp`` under autocast, the norms, clipping and noise in float32.
+      validation_fraction: the share of the training examples held out as a validation
+        split (a secret keyed hash of each example; :mod:`dpvision.data.splits`):
+        ``eval_every`` and the result's ``validation_accuracy`` use it and the test set is
+        evaluated once, at the end. 0 (the default, as in the papers): train on all of them.
+      validation: ``private`` (the default): validation accuracies are noisy counts of
+        correct held-out examples (sensitivity 1), in the ledger and within the target ε;
+        ``public``: the held-out rows are declared public and their exact accuracies are
+        released (the result says so).
+      validation_noise: σ_v, the std of the noise on each validation count; ``None``: all
+        of the run's validation counts together cost a tenth of the target ε
+        (:mod:`dpvision.runs.validation`).
+      public_fraction: the share of the training examples declared public and left out of
+        the private run (:mod:`dpvision.data.splits`: a fixed, published keyed hash of each
+        example, the one ``dpvision pretrain --public-fraction`` trains on); 0 (the
+        default): all are private.
+      preprocessing: see :class:`PreprocessingConfig`.
+      learner: keyword arguments of the learner's estimator (validated against it).
+      pretrain: ``dp-randp``: Phase I options, used when ``learner.encoder`` is unset
+        (:class:`dpvision.training.pretrain_options.PretrainOptions`; the model, groups and image
+        shape come from the run).
+      reference: the published result this config reproduces (see the module docstring);
+        not used by the run.
+    """
+
+    dataset: str = "digits"
+    data_dir: str | None = None
+    num_classes: int | None = None
+    image_channels: int | None = None
+    method: str = option(AUTO, Choice(METHODS))
+    features: str = "auto"
+    epsilon: float | None = option(3.0, Interval(0, None, note="or inf for no noise"))
+    delta: float = option(1e-5, Interval(0, 1))
+    noise_multiplier: float | None = option(None, Interval(0, math.inf, closed="left"))
+    accountant: str | None = None
+    seed: int = option(0, Interval(0, 2**63, closed="left", kind="a whole number"))
+    secret_seed: int | None = dataclasses.field(default=None, repr=False)
+    device: str = "auto"
+    precision: str = "fp32"
+    validation_fraction: float = option(0.0, Interval(0, 1, closed="left"))
+    validation: str = option("private", Choice(("private", "public")))
+    validation_noise: float | None = option(None, Interval(0, math.inf))
+    public_fraction: float = option(0.0, Interval(0, 1, closed="left"))
+    preprocessing: PreprocessingConfig = field(default_factory=PreprocessingConfig)
+    learner: dict[str, Any] = field(default_factory=dict)
+    pretrain: dict[str, Any] = field(default_factory=dict)
+    reference: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The config as published (result JSON, model file): without ``secret_seed``."""
+        data = dataclasses.asdict(self)
+        del data["secret_seed"]
+        return data
+
+    def secret_randomness(self) -> SecretRandomness:
+        """This run's secret randomness (:mod:`dpvision.mechanisms.secret`): fresh OS bits,
+        or derived from ``secret_seed`` *and this config*, so runs of other configs never
+        share their noise with it."""
+        # Where the data and the computation are is not what the run is.
+        context = {k: v for k, v in self.to_dict().items() if k not in ("data_dir", "device")}
+        return SecretRandomness(
+            self.secret_seed,
+            secure=self.secure_mode,
+            context=json.dumps(context, sort_keys=True, default=str),
+        )
+
+    @property
+    def validation_is_public(self) -> bool:
+        """Whether the held-out rows are declared public (exact accuracies released)."""
+        return self.validation == "public"
+
+    def load_dataset(self) -> ImageDataset:
+        """The dataset of this run, its classes and channels fixed by the config or the
+        registry (never read off the private labels)."""
+        return load_dataset(
+            self.dataset,
+            self.data_dir,
+            num_classes=self.num_classes,
+            channels=self.image_channels,
+        )
+
+    @property
+    def noise_off(self) -> bool:
+        """Whether the run adds no noise (ε = ∞ or σ = 0): a non-private baseline."""
+        return (self.epsilon is not None and math.isinf(self.epsilon)) or (
+            self.noise_multiplier == 0
+        )
+
+    @property
+    def secure_mode(self) -> bool:
+        """``learner.secure_mode``: every noisy release (and Poisson sampling) draws from the
+        operating system's CSPRNG (:mod:`dpvision.mechanisms.secure`)."""
+        return self.learner.get("secure_mode", False) is True
+
+    @functools.cached_property
+    def placement(self) -> Placement:
+        """The device and precision of this run, resolved on this machine."""
+        return placement(self.device, self.precision)
+
+    @functools.cached_property
+    def dpsgd(self) -> DPSGDOptions:
+        """``dp-sgd``/``dp-randp``: the ``[learner]`` table, parsed once and typed."""
+        return DPSGDOptions.from_dict(self.learner)

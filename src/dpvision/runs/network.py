@@ -1,0 +1,150 @@
+"""The network of a DP-SGD run: the one it starts from (:func:`prepare_model`,
+:func:`initial_model`), built from the registry with the public seed, its weights loaded
+(``learner.init`` or DP-RandP's encoder), BatchNorm frozen or replaced, the parameters that
+``learner.finetune`` leaves out frozen; and the one it releases (:func:`released_model`).
+
+Privacy: the initial network comes from the config and the weight files, never from the
+private data; the released one is post-processing of the run's noisy steps.
+"""
+
+import copy
+from typing import Any
+
+import torch
+
+from dpvision.config import TrainConfig
+from dpvision.data.inputs import DATASET_STATISTICS, TrainingData
+from dpvision.features.backbone import encoder_digest
+from dpvision.features.preprocessing import FittedPreprocessing
+from dpvision.log import say
+from dpvision.mechanisms.secret import SecretRandomness
+from dpvision.models.encoder import load_into
+from dpvision.models.finetune import apply_finetune
+from dpvision.models.registry import build_network, is_external, prepare_for_dp
+from dpvision.models.validation import validate_model
+from dpvision.models.weights import load_weights
+from dpvision.runs.saved import TrainedModel, privacy_of
+from dpvision.training.checkpoint import TrainingState
+from dpvision.training.options import DPSGDOptions
+from dpvision.training.transfer import TransferPlan
+
+
+def prepare_model(
+    config: TrainConfig,
+    options: DPSGDOptions,
+    data: TrainingData,
+    plan: TransferPlan | None,
+    *,
+    quiet: bool,
+    secret: SecretRandomness,
+    seed: int,
+    init_sha256: str | None,
+) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The initial model (drawn with the public ``seed``) on the run's device, compiled when
+    asked; and what the result says of it (``init_sha256``: ``learner.init``'s digest).
+
+    Privacy: the model comes from the config and the weight files only
+    (:func:`initial_model`). From here on torch's global generator
+    (dropout, drop-path) is the run's secret one, never the public seed.
+    """
+    place = config.placement
+    torch.manual_seed(seed)
+    model, start = initial_model(config, options, data, plan, quiet, init_sha256)
+    model = model.to(place.device)  # before the optimizer and the EMA take its tensors
+    # Randomness inside training (dropout, drop-path) draws from torch's global
+    # generator in batch order: from here on it is secret, never the public seed.
+    torch.manual_seed(secret.seed("global"))
+    if options.performance.compile:
+        model.compile()  # in place: names, hooks and the saved state dict unchanged
+    start.update(device=place.describe(), precision=place.precision)
+    return model, start
+
+
+def initial_model(
+    config: TrainConfig,
+    options: DPSGDOptions,
+    data: TrainingData,
+    plan: TransferPlan | None,
+    quiet: bool,
+    init_sha256: str | None = None,
+) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """The model a run starts from: built, weights loaded (``learner.init`` or the DP-RandP
+    encoder), BatchNorm frozen or replaced, the parameters ``learner.finetune`` leaves out
+    frozen; and what the result should say of it (``init_sha256``: the init file's digest,
+    when the caller has it already).
+
+    Privacy: the architecture, the weights and what is frozen come from the config and the
+    weight file, never from the private data. Weights trained on any of this run's private
+    rows were refused by :func:`dpvision.runs.inputs.load_inputs` (their cost is outside
+    this run's ledger) unless ``learner.init_allow_same_dataset`` is set.
+    """
+    shape = tuple(int(v) for v in data.train_x.shape[1:])
+    model = build_network(options.model, shape, data.num_classes, groups=options.groups)
+    info: dict[str, Any] = {}
+    if plan is not None:
+        plan.head, _ = load_into(
+            model, plan.encoder, model_name=options.model, input_shape=plan.info.input_shape
+        )
+    elif options.init is not None:
+        report = load_weights(model, options.init)  # its record was checked by load_inputs
+        say(report.message(), quiet)
+        info["init"] = {
+            "path": str(options.init),
+            "sha256": init_sha256 or encoder_digest(options.init),
+            "head_replaced": report.head_replaced,
+            "trained_on": report.record.get("trained_on") or report.record.get("dataset"),
+        }
+    if is_external(options.model):
+        model = prepare_for_dp(model, options.batchnorm_mode)
+        info["batchnorm"] = options.batchnorm_mode
+    else:
+        validate_model(model)
+    trained = apply_finetune(model, options.finetune)
+    info["finetune"] = options.finetune
+    if options.finetune != "all":
+        say(f"fine-tuning {options.finetune}: {len(trained)} parameter tensors train", quiet)
+    return model, info
+
+
+def released_model(
+    config: TrainConfig,
+    options: DPSGDOptions,
+    data: TrainingData,
+    state: TrainingState,
+    *,
+    plan: TransferPlan | None,
+    preprocessing: FittedPreprocessing | None,
+    result: dict[str, Any],
+) -> TrainedModel:
+    """The model a run releases (its EMA parameters when it keeps an EMA) and how inputs
+    reach it, with the privacy of ``result``.
+
+    Privacy: post-processing of the run's noisy steps; the input normalisation is public
+    (the dataset's published statistics or the DP-RandP encoder's).
+    """
+    model = state.model
+    if state.ema is not None:
+        model = state.ema.copy_to(copy.deepcopy(model))
+    mean = std = None
+    if plan is not None:
+        mean, std = plan.info.mean, plan.info.std
+    elif config.features == "pixels" and options.normalization == "dataset":
+        mean, std = DATASET_STATISTICS[data.name]
+    return TrainedModel(
+        method=config.method,
+        dataset=data.name,
+        num_classes=data.num_classes,
+        image_shape=data.image_shape,
+        features=config.features,
+        preprocessing=preprocessing,
+        privacy=privacy_of(result),
+        config=config.to_dict(),
+        pixel_mean=None if mean is None else tuple(mean),
+        pixel_std=None if std is None else tuple(std),
+        input_shape=tuple(int(v) for v in data.train_x.shape[1:]),
+        network=model.eval().cpu(),  # the saved model is read on any machine
+        model_name=options.model,
+        groups=options.groups,
+        batchnorm=options.batchnorm_mode,
+        class_names=data.class_names,
+    )

@@ -1,0 +1,212 @@
+"""The plan of ``dpvision tune``'s private selection, fixed and public before any training
+(:func:`plan_selection`): every candidate checked and its Gaussian releases planned, the
+noise calibrated and the selection's ledger written.
+
+Calibration: every candidate trains with its single-run σ for the target ε (RDP, the
+accountant that accounts the selection) multiplied by one common factor s ≥ 1, the
+smallest for which the whole selection — the candidates' pointwise-maximum RDP curve
+(training plus the noisy score), then Papernot & Steinke's bound — stays within the target.
+
+Privacy: the plan depends on the config, the search, the target (ε, δ) and the sizes of
+the secret split (published as ``n_train`` and ``n_validation``), never on a pixel or a
+label. Each run's ledger is checked against the releases planned here before anything is
+released (:mod:`dpvision.runs.tune`).
+"""
+
+import dataclasses
+import math
+from typing import Any
+
+from dpvision.accounting import Repetitions, calibrate_noise_multiplier
+from dpvision.accounting.ledger import LedgerEntry, PrivacyLedger, SelectionEntry
+from dpvision.accounting.selection import selection_epsilon
+from dpvision.config import TrainConfig, override
+from dpvision.errors import DPVisionError
+from dpvision.learners import LEARNERS
+from dpvision.mechanisms.secret import SecretRandomness
+from dpvision.runs.auto import apply_recipe, data_facts
+from dpvision.runs.schedule import steps_and_rate
+from dpvision.runs.search import SCORE_SHARE, Search, TuneSettings, set_items
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One candidate of the search, validated and planned."""
+
+    index: int
+    setting: dict[str, Any]
+    config: TrainConfig
+    count: int  # Gaussian releases of one training run
+    sample_rate: float
+    single_sigma: float  # σ of one run at the target ε alone
+    recipe: dict[str, Any]  # what the default recipe filled in, and why
+
+
+@dataclasses.dataclass(frozen=True)
+class SelectionPlan:
+    """The calibrated selection, fixed before any training: all of it public."""
+
+    candidates: list[Candidate]
+    repetitions: Repetitions
+    score_noise: float
+    scale: float  # the common factor s on every candidate's single-run σ
+    epsilon: float
+    ledger: PrivacyLedger
+    num_train: int
+    num_validation: int
+
+
+def plan_selection(
+    base: TrainConfig, search: Search, settings: TuneSettings, secret: SecretRandomness
+) -> SelectionPlan:
+    """Every candidate checked and planned, the noise calibrated and the ledger written.
+
+    Privacy: reads no example, only the sizes of the split every run shares (``secret``'s
+    key), which the result publishes as ``n_train`` and ``n_validation``.
+    """
+    assert base.epsilon is not None  # checked by run_tune
+    candidates, num_train, num_validation = _candidates(base, search, secret)
+    repetitions = settings.repetitions(len(candidates))
+    score_noise = settings.score_noise
+    if score_noise is None:
+        score_noise = calibrate_noise_multiplier(
+            target_epsilon=SCORE_SHARE * base.epsilon,
+            target_delta=base.delta,
+            sample_rate=1.0,
+            steps=1,
+            accountant="rdp",
+        )
+    if not (math.isfinite(score_noise) and score_noise > 0):
+        raise DPVisionError(f"--score-noise must be > 0, got {score_noise}")
+    scale, _ = _calibrate_scale(candidates, repetitions, score_noise, base.epsilon, base.delta)
+    selection = SelectionEntry(
+        candidates=tuple(_releases(c, scale * c.single_sigma, score_noise) for c in candidates),
+        mean=repetitions.mean,
+        shape=repetitions.shape,
+        released="the best of K runs: its model, candidate and noisy validation score",
+    )
+    ledger = PrivacyLedger()
+    ledger.record_selection(selection)
+    epsilon = ledger.epsilon(base.delta, "rdp")
+    if epsilon > base.epsilon:
+        raise DPVisionError(
+            f"the selection would spend ε = {epsilon:.6g}, more than its target "
+            f"{base.epsilon:g}: this is a bug in dpvision, please report it"
+        )
+    return SelectionPlan(
+        candidates, repetitions, score_noise, scale, epsilon, ledger, num_train, num_validation
+    )
+
+
+def _planned_releases(config: TrainConfig, num_train: int) -> tuple[int, float]:
+    """(count, q) of the Gaussian releases one training run of ``config`` makes."""
+    if config.method == "dp-sgd":
+        return steps_and_rate(config.dpsgd, num_train)
+    params = {k: v for k, v in config.learner.items() if k != "device"}
+    learner = LEARNERS[config.method](**params)
+    # No learner's count depends on the feature dimension or the classes (0 here); each
+    # run's ledger is checked against this plan before anything is released.
+    count, rate = learner._releases(num_train, 0, 0)
+    return int(count), float(rate)
+
+
+def _check_candidate(config: TrainConfig, setting: dict[str, Any]) -> None:
+    where = ", ".join(set_items(setting)) or "the base config"
+    if config.method == "dp-randp":
+        raise DPVisionError(
+            f"{where}: dp-randp spends its budget in two phases; tune the dp-sgd or feature "
+            "learners' runs"
+        )
+    if config.preprocessing.kind in ("private-norm", "center"):
+        raise DPVisionError(
+            f"{where}: preprocessing.kind = {config.preprocessing.kind} makes releases of its "
+            "own, which tune does not calibrate; use group-norm or none"
+        )
+
+
+def _candidates(
+    base: TrainConfig, search: Search, secret: SecretRandomness
+) -> tuple[list[Candidate], int, int]:
+    """Every candidate validated and planned before any training; (candidates, N, n_val).
+    ``secret``: the tune's, whose validation split every run shares."""
+    out: list[Candidate] = []
+    sizes: set[tuple[int, int]] = set()
+    for index, setting in enumerate(search.candidates()):
+        config, recipe = apply_recipe(override(base, set_items(setting)), secret)
+        _check_candidate(config, setting)
+        facts = data_facts(config, secret)
+        sizes.add((facts.num_train, facts.num_validation))
+        count, rate = _planned_releases(config, facts.num_train)
+        assert config.epsilon is not None  # checked by run_tune
+        sigma = calibrate_noise_multiplier(
+            target_epsilon=config.epsilon,
+            target_delta=config.delta,
+            sample_rate=rate,
+            steps=count,
+            accountant="rdp",
+        )
+        out.append(Candidate(index, setting, config, count, rate, sigma, recipe))
+    if len(sizes) != 1:
+        raise DPVisionError("every candidate must train on the same split; search no split key")
+    ((num_train, num_validation),) = sizes
+    return out, num_train, num_validation
+
+
+def _releases(candidate: Candidate, sigma: float, score_noise: float) -> tuple[LedgerEntry, ...]:
+    return (
+        LedgerEntry(
+            noise_multiplier=sigma,
+            sample_rate=candidate.sample_rate,
+            count=candidate.count,
+            released=f"candidate {candidate.index}: training releases",
+        ),
+        LedgerEntry(
+            noise_multiplier=score_noise,
+            sample_rate=1.0,
+            count=1,
+            released="noisy count of correct validation examples",
+            l2_sensitivity=1.0,
+        ),
+    )
+
+
+def _calibrate_scale(
+    candidates: list[Candidate],
+    repetitions: Repetitions,
+    score_noise: float,
+    epsilon: float,
+    delta: float,
+) -> tuple[float, float]:
+    """(s, ε of the selection): the smallest common factor s ≥ 1 on the single-run σ's
+    whose selection stays within ``epsilon`` (to 0.1 % below it)."""
+
+    def total(scale: float) -> float:
+        events = [
+            SelectionEntry(
+                candidates=(_releases(c, scale * c.single_sigma, score_noise),),
+                mean=repetitions.mean,
+                shape=repetitions.shape,
+                released="",
+            ).candidate_events()[0]
+            for c in candidates
+        ]
+        return selection_epsilon(events, repetitions, delta=delta)
+
+    high = 2.0
+    while total(high) > epsilon:
+        high *= 2
+        if high > 1e4:
+            raise DPVisionError(
+                f"no noise reaches ε = {epsilon:g} for this selection: the noisy score alone "
+                "costs too much; raise --score-noise or lower --mean-runs"
+            )
+    low = 1.0
+    if total(low) <= epsilon:  # cannot happen for K ≥ 1 on average, kept for safety
+        return low, total(low)
+    while high / low > 1 + 1e-4:
+        middle = math.sqrt(low * high)
+        if total(middle) > epsilon:
+            low = middle
+        else:
+            high = middle
+    return high, total(high)

@@ -415,9 +415,12 @@ def make_clip_policy(
         number C gives each of the G layers C/√G: the sensitivity stays C); adaptive: C₀.
       expected_batch_size: qN, the default of ``unclipped_num_std`` is qN/20.
       model: the model whose layers ``per_layer`` clips (required for it).
-      target_unclipped_quantile, clipbound_learning_rate, unclipped_num_std, min_clipbound,
-        max_clipbound: adaptive clipping's options (Opacus' names); None: the default of
-        :data:`ADAPTIVE_DEFAULTS`.
+      target_unclipped_quantile: adaptive only, γ (None: :data:`ADAPTIVE_DEFAULTS`, as the
+        options below).
+      clipbound_learning_rate: adaptive only, η of the geometric update of C.
+      unclipped_num_std: adaptive only, σ_b of the count (None: qN/20).
+      min_clipbound: adaptive only, the lower bound on C.
+      max_clipbound: adaptive only, the upper bound on C.
 
     Raises:
       DPVisionError: an unknown name, or options that do not fit it (one line).

@@ -230,12 +230,3 @@ class DPSGDOptions:
                 self.phase2_learning_rate,
             )
         )
-
-
-def coerce_option(name: str, value: Any, kind: str, table: str = "learner") -> Any:
-    """Deprecated (issue 38): :func:`dpvision.options.coerce` with the field's type hint
-    (``option_hints(cls)[name]``). Kept only until ``training/pretrain_options.py`` calls
-    that; ``kind`` is the hint's text (``int``, ``float | None``, …)."""
-    base, _, rest = kind.partition(" | ")
-    hint: Any = {"bool": bool, "int": int, "float": float}.get(base, str)
-    return coerce(f"{table}.{name}", value, hint | None if rest else hint)

@@ -18,7 +18,7 @@ from dpvision.data.synthetic import SYNTHETIC_KINDS
 from dpvision.errors import DPVisionError
 from dpvision.fileio import settings_fingerprint
 from dpvision.models.registry import check_model, parse_model
-from dpvision.training.options import coerce_option
+from dpvision.options import coerce, option_hints
 
 SCHEDULES = ("constant", "step", "cosine")
 
@@ -185,9 +185,7 @@ class SupervisedOptions:
                     f"unknown pretrain option {key!r} for --objective supervised; valid: "
                     f"{', '.join(sorted(fields))}"
                 )
-            kind = fields[key].type
-            name = kind.__name__ if isinstance(kind, type) else str(kind)
-            values[key] = _coerce(key, value, name)
+            values[key] = coerce(f"pretrain.{key}", value, option_hints(cls)[key])
         if values.get("steps") is not None and "epochs" not in values:
             values["epochs"] = None
         return cls(**values).validated()
@@ -250,15 +248,3 @@ class SupervisedOptions:
         data.pop("checkpoint_every")
         data.pop("data_dir")
         return data
-
-
-def _coerce(name: str, value: Any, kind: str) -> Any:
-    """``value`` as the option ``pretrain.name`` of type ``kind``: a list of numbers for
-    the tuple fields (``milestones``), :func:`coerce_option` for the rest."""
-    if kind.startswith("tuple"):
-        if not isinstance(value, list | tuple) or not all(
-            isinstance(v, int | float) and not isinstance(v, bool) for v in value
-        ):
-            raise DPVisionError(f"pretrain.{name} must be a list of numbers, got {value!r}")
-        return tuple(float(v) for v in value)
-    return coerce_option(name, value, kind, table="pretrain")

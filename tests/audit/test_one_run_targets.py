@@ -16,6 +16,7 @@ from dpvision.audit.one_run_targets import CANARY_SIGNAL, make_one_run_target
 from dpvision.audit.targets import GradientCanaries
 from dpvision.cli import main
 from dpvision.mechanisms import clipping
+from dpvision.mechanisms.clip_policy import FlatClip
 
 
 def _target(method, epsilon, canaries=200, **settings):
@@ -57,11 +58,11 @@ def test_every_feature_learner_release_has_a_canary_signal():
 def test_a_gradient_canary_is_clipped_like_every_example(monkeypatch):
     canaries = GradientCanaries(np.array([0, 3, 5]), np.array([True, False, True]))
     sums = {"w": torch.zeros(1, 2, 2), "b": torch.zeros(1, 3)}
-    canaries.add_to(sums, sample_rate=1.0, clip=0.5)
+    canaries.add_to(sums, sample_rate=1.0, policy=FlatClip(0.5))
     assert sums["w"].reshape(-1).tolist() == [0.5, 0, 0, 0]
     assert sums["b"].reshape(-1).tolist() == [0, 0.5, 0]  # coordinate 5 is b[1]
     monkeypatch.setattr(clipping, "clip_factors", bench._no_clipping)
-    canaries.add_to(sums, sample_rate=1.0, clip=0.5)
+    canaries.add_to(sums, sample_rate=1.0, policy=FlatClip(0.5))
     assert sums["w"].reshape(-1)[0] == pytest.approx(0.5 + 5.0)  # 10·C when not clipped
 
 

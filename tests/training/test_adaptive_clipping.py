@@ -209,3 +209,20 @@ def test_the_linear_head_learner_clips_adaptively_and_passes_the_checker():
     assert report.ok, report.summary()
     with pytest.raises(DPVisionError, match="clipping_mode must be"):
         DPSGDLinear(target_epsilon=1.0, num_classes=3, clipping_mode="per-layer").fit(x, y)
+
+
+def test_a_step_that_raises_leaves_no_count_for_the_next_release():
+    """A logical batch refused half-way is not released: its exact unclipped count must not
+    reach the next step's noisy count (its examples would count twice)."""
+    adaptive = AdaptiveClipping(initial=1.0, count_noise=BATCH / 20)
+    _, step = _step(adaptive)
+
+    def batches():
+        yield torch.ones(3, 4, dtype=torch.float64), torch.zeros(3)
+        raise RuntimeError("the loader failed")
+
+    with pytest.raises(RuntimeError):
+        step(batches())
+    assert float(step.policy._count) == 0.0
+    ledger = step.context.ledger
+    assert len(ledger) == 0  # nothing was released

@@ -40,14 +40,15 @@ from torch.func import functional_call, vmap
 
 from dpvision.accounting import PrivacyLedger, default_accountant
 from dpvision.audit.canaries import AuditData
+from dpvision.audit.gradient_canaries import GradientCanaries
 from dpvision.averaging import ParameterEMA
 from dpvision.config import TrainConfig
 from dpvision.data.augment import augment_views
 from dpvision.data.inputs import pixel_inputs
 from dpvision.errors import DPVisionError
 from dpvision.features import extract_features, feature_shape, parse_feature_spec
-from dpvision.mechanisms import PoissonSampler, clipping
-from dpvision.mechanisms.clip_policy import ClipPolicy, make_clip_policy
+from dpvision.mechanisms import PoissonSampler
+from dpvision.mechanisms.clip_policy import make_clip_policy
 from dpvision.mechanisms.clipped_sum import ClippedGradientSum
 from dpvision.mechanisms.gradient_release import (
     GradientRelease,
@@ -250,51 +251,6 @@ class _Stack(torch.nn.Module):
 
     def stacked(self) -> dict[str, torch.Tensor]:
         return {name: getattr(self, f"p{i}") for i, name in enumerate(self.names)}
-
-
-@dataclasses.dataclass
-class GradientCanaries:
-    """White-box canaries of DP-SGD: canary i is an example whose gradient is
-    ``scale``·C·e in the flat parameter coordinate ``coordinates[i]``, in the training set
-    iff ``included[i]``; each step it joins the Poisson batch with probability q and its
-    gradient is clipped by :func:`~dpvision.mechanisms.clipping.clip_factors`, as every
-    example's is.
-
-    Attributes:
-      coordinates: (m,) flat indices into the parameters, in ``named_parameters`` order.
-      included: (m,) bool.
-      scale: the canary gradient's norm in units of C.
-      seed: seeds the canaries' Poisson draws.
-    """
-
-    coordinates: np.ndarray
-    included: np.ndarray
-    scale: float = 10.0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        self._draws = np.random.default_rng(self.seed)
-
-    def add_to(
-        self,
-        sums: dict[str, torch.Tensor],
-        sample_rate: float,
-        policy: ClipPolicy,
-    ) -> None:
-        """Adds the clipped gradients of the canaries drawn into this step's batch to the
-        (one run's) clipped sums ``sums`` (name → (1, ...)), in place; a canary is clipped
-        to the policy's bound on its parameter (C_g of its layer, per layer)."""
-        drawn = self.included & (self._draws.random(len(self.included)) < sample_rate)
-        offset = 0
-        for name, value in sums.items():
-            bound = policy.bound(name)
-            norm = torch.tensor([self.scale * bound], dtype=torch.float64)
-            size = float(clipping.clip_factors(norm, bound)[0]) * self.scale * bound
-            flat = value.view(-1)
-            mine = self.coordinates[drawn]
-            mine = mine[(mine >= offset) & (mine < offset + flat.numel())] - offset
-            flat[torch.as_tensor(mine, dtype=torch.long, device=flat.device)] += size
-            offset += flat.numel()
 
 
 class DPSGDTarget(AuditTarget):

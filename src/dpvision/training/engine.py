@@ -99,22 +99,26 @@ class DPSGDStep:
         if self.buffer_watch.model is not self.model:  # a caller swapped the model
             self.buffer_watch = BufferWatch(self.model)
         self.buffer_watch.start()
-        for inputs, targets in micro_batches:
-            if len(inputs) == 0:
-                continue
-            part = clip_and_sum(
-                self.model,
-                self.loss_fn,
-                inputs,
-                targets,
-                policy=policy,
-                views=self.views,
-                method=self.method,
-                precision=self.precision,
-            )
-            total.add_(part)
-            policy.observe(part.norms)  # private; only a policy's noisy release uses it
-        self.buffer_watch.check()  # before the noisy release: nothing of this batch is out yet
+        try:
+            for inputs, targets in micro_batches:
+                if len(inputs) == 0:
+                    continue
+                part = clip_and_sum(
+                    self.model,
+                    self.loss_fn,
+                    inputs,
+                    targets,
+                    policy=policy,
+                    views=self.views,
+                    method=self.method,
+                    precision=self.precision,
+                )
+                total.add_(part)
+                policy.observe(part.norms)  # private; only a policy's noisy release uses it
+            self.buffer_watch.check()  # before the noisy release: nothing of it is out yet
+        except BaseException:
+            policy.discard()  # this batch is not released: its count must not reach the next
+            raise
         noisy_step(
             total,
             params,

@@ -184,12 +184,26 @@ def _explained(lines: list[str], node: ast.stmt) -> bool:
     return any(f"local import: {reason}" in " ".join(block) for reason in LOCAL_IMPORT_REASONS)
 
 
+def _module_reason(lines: list[str]) -> bool:
+    """Whether the module states the rule once, on a top-level line
+    ``# local imports: <reason>`` (start-up time: the command-line and reporting modules
+    import torch, matplotlib and friends inside the functions that use them)."""
+    return any(
+        line.startswith(f"# local imports: {reason}")
+        for line in lines
+        for reason in LOCAL_IMPORT_REASONS
+    )
+
+
 def test_local_imports_say_why() -> None:
     """A function-local import carries ``# local import: <reason>`` (one of
-    LOCAL_IMPORT_REASONS) on its line or above the run of imports it belongs to."""
+    LOCAL_IMPORT_REASONS) on its line or above the run of imports it belongs to, or its
+    module states the reason once for all of them (``# local imports: <reason>``)."""
     unexplained = []
     for name, path in _modules().items():
         lines = path.read_text().splitlines()
+        if _module_reason(lines):
+            continue
         seen = set()
         for _, node, local in _imports(name, path):
             if not local or id(node) in seen:

@@ -22,6 +22,7 @@ Everything here reads results (already released models' test accuracies and ledg
 nothing touches private training data.
 """
 
+# local imports: start-up time (heavy modules are imported in the functions using them)
 import json
 import math
 import statistics
@@ -67,13 +68,8 @@ def sweep(
     the runs are not composed with each other, so a sweep over ε on the same data spends
     the sum of their budgets if all the models are released.
     """
-    # local import: start-up time
     from dpvision.config import resolve
-
-    # local import: start-up time
     from dpvision.fileio import write_json_atomic
-
-    # local import: start-up time
     from dpvision.runs.train import run_training
 
     if not configs:
@@ -120,7 +116,6 @@ def sweep(
 def _stale(path: Path, config: dict[str, Any]) -> str | None:
     """None when ``path`` holds a result of exactly ``config`` (where the data files are
     aside); else what differs ("" when there is no readable result)."""
-    # local import: start-up time
     from dpvision.fileio import differing_keys
 
     try:
@@ -182,7 +177,6 @@ def setup_label(result: dict[str, Any]) -> str:
         label += f" · K={learner['augmult']}"
     option = _LENGTH_OPTION.get(result["method"])
     if option is not None:
-        # local import: start-up time
         from dpvision.learners import LEARNERS
 
         length = learner.get(option, LEARNERS[result["method"]]().get_params()[option])
@@ -195,7 +189,6 @@ def published_points(
 ) -> dict[tuple[str, str], set[tuple[float, float, str]]]:
     """(dataset, setup) → the published (ε, accuracy, source) points of these configs'
     ``[reference]`` tables; the setup is labelled as :func:`setup_label` labels runs."""
-    # local import: start-up time
     from dpvision.config import resolve
 
     out: dict[tuple[str, str], set[tuple[float, float, str]]] = defaultdict(set)
@@ -288,7 +281,6 @@ def report(
 
     Returns a summary: the report's path, the PNGs, the rows and the flagged runs.
     """
-    # local import: start-up time
     from dpvision.fileio import atomic_open
 
     roots = [folders] if isinstance(folders, str | Path) else list(folders)
@@ -396,14 +388,11 @@ def _history(result: dict[str, Any]) -> list[tuple[int, float, str]]:
 
 def plot_history(dataset: str, results: list[dict[str, Any]], path: Path) -> None:
     """Accuracy against training step, one line per run (from each result's ``history``)."""
-    # local import: start-up time
     import matplotlib
 
     matplotlib.use("Agg")
-    # local import: start-up time
     import matplotlib.pyplot as plt
 
-    # local import: start-up time
     from dpvision.fileio import atomic_open
 
     figure, axes = plt.subplots(figsize=(8, 5), dpi=120)
@@ -435,14 +424,11 @@ def plot_curves(
     published: set[tuple[float, float, str]] | None = None,
 ) -> None:
     """Accuracy against ε (log axis) per setup, with the seeds' spread and published points."""
-    # local import: start-up time
     import matplotlib
 
     matplotlib.use("Agg")
-    # local import: start-up time
     import matplotlib.pyplot as plt
 
-    # local import: start-up time
     from dpvision.fileio import atomic_open
 
     by_setup: dict[str, list[tuple[float, list[float]]]] = defaultdict(list)

@@ -1,6 +1,7 @@
 """Histograms of an audit's scores: the canary losses under D and D' (two-phase), or the
 scores of the canaries left out and drawn in (one run). PNGs, via matplotlib."""
 
+# local imports: start-up time (heavy modules are imported in the functions using them)
 import io
 import math
 from collections.abc import Sequence
@@ -63,17 +64,14 @@ def _histogram(
     path: str | Path,
 ) -> None:
     try:
-        # local import: start-up time
         import matplotlib
 
         matplotlib.use("Agg")
-        # local import: start-up time
         import matplotlib.pyplot as plt
     except ImportError:
         raise DPVisionError(
             "the audit histogram needs matplotlib: python -m pip install matplotlib"
         ) from None
-    # local import: start-up time
     from dpvision.fileio import atomic_open
 
     both = np.concatenate(samples)

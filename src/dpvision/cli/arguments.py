@@ -1,5 +1,6 @@
 """Argument types and the arguments several commands share."""
 
+# local imports: start-up time (heavy modules are imported in the functions using them)
 import argparse
 import math
 import os
@@ -144,7 +145,6 @@ def input_file(text: str) -> str:
 
 
 def add_accountant_argument(parser: argparse.ArgumentParser) -> None:
-    # local import: start-up time
     from dpvision.accounting import Accountant
 
     parser.add_argument(
@@ -181,7 +181,6 @@ def add_device_arguments(
 
 
 def _device(text: str) -> str:
-    # local import: start-up time
     from dpvision.devices import parse_device
     from dpvision.errors import DPVisionError
 
@@ -192,7 +191,6 @@ def _device(text: str) -> str:
 
 
 def _precision(text: str) -> str:
-    # local import: start-up time
     from dpvision.devices import parse_precision
     from dpvision.errors import DPVisionError
 

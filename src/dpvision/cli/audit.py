@@ -1,5 +1,6 @@
 """``dpvision audit``."""
 
+# local imports: start-up time (heavy modules are imported in the functions using them)
 import argparse
 import json
 from typing import Any
@@ -141,7 +142,6 @@ def run(args: argparse.Namespace) -> None:
         print(json.dumps(report, default=float))
         return
     if args.json:
-        # local import: start-up time
         from dpvision.fileio import write_json_atomic
 
         write_json_atomic(args.json, report)
@@ -153,7 +153,6 @@ def run(args: argparse.Namespace) -> None:
 
 
 def _one_run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    # local import: start-up time (dpvision.audit imports torch)
     from dpvision.audit.one_run_harness import (
         OneRunSettings,
         one_run_config,
@@ -176,7 +175,6 @@ def _one_run(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
 
 
 def _two_phase(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
-    # local import: start-up time (dpvision.audit imports torch)
     from dpvision.audit import AuditSettings, audit_config, parse_sweep, run_audit, summary
     from dpvision.audit.canaries import CANARIES
 

@@ -1,5 +1,6 @@
 """``dpvision cache list | clear``: the feature cache and the downloaded datasets."""
 
+# local imports: start-up time (heavy modules are imported in the functions using them)
 import argparse
 import shutil
 import time
@@ -51,7 +52,6 @@ def _age(modified: float) -> str:
 
 
 def _downloads() -> list[tuple[str, Any, int, float]]:
-    # local import: start-up time
     from dpvision.data.sources import DOWNLOADS, cache_dir
 
     found = []
@@ -66,7 +66,6 @@ def _downloads() -> list[tuple[str, Any, int, float]]:
 
 
 def run(args: argparse.Namespace) -> None:
-    # local import: start-up time
     from dpvision.features.cache import cache_entries, default_cache_dir
 
     entries = cache_entries()

@@ -1,6 +1,7 @@
 """``dpvision predict`` and ``dpvision evaluate``: a saved model (``train --save``) applied
 to new images or to a dataset's test split."""
 
+# local imports: start-up time (heavy modules are imported in the functions using them)
 import argparse
 import csv
 import io
@@ -43,7 +44,6 @@ def add_parsers(commands: Any) -> None:
 
 
 def run_predict(args: argparse.Namespace) -> None:
-    # local import: start-up time
     from dpvision.data.imagefolder import image_files, read_images
     from dpvision.data.npzfiles import read_npy
     from dpvision.fileio import atomic_open
@@ -78,7 +78,6 @@ def run_predict(args: argparse.Namespace) -> None:
 
 
 def run_evaluate(args: argparse.Namespace) -> None:
-    # local import: start-up time
     from dpvision.data.datasets import load_dataset
     from dpvision.features.precomputed import load_feature_files
     from dpvision.features.spec import parse_feature_spec

@@ -1,5 +1,6 @@
 """``dpvision pretrain`` (DP-RandP Phase I) and ``dpvision synth`` (preview images)."""
 
+# local imports: start-up time (heavy modules are imported in the functions using them)
 import argparse
 import time
 from typing import Any
@@ -81,13 +82,8 @@ def add_pretrain_parser(commands: Any) -> None:
 
 
 def run_pretrain(args: argparse.Namespace) -> None:
-    # local import: start-up time
     from dpvision.config import load_toml, parse_override
-
-    # local import: start-up time
     from dpvision.devices import resolve_device
-
-    # local import: start-up time
     from dpvision.fileio import write_json_atomic
     from dpvision.training.pretrain import pretrain
     from dpvision.training.pretrain_options import PretrainOptions
@@ -152,7 +148,6 @@ def run_pretrain(args: argparse.Namespace) -> None:
 
 def run_supervised(raw: dict[str, Any], args: argparse.Namespace) -> None:
     """``dpvision pretrain --objective supervised``: validate, train, write, summarise."""
-    # local import: start-up time
     from dpvision.devices import resolve_device
     from dpvision.fileio import write_json_atomic
     from dpvision.training.pretrain_options import SupervisedOptions

@@ -1,5 +1,6 @@
 """``dpvision privacy epsilon | noise | steps``: the privacy calculator's command line."""
 
+# local imports: start-up time (heavy modules are imported in the functions using them)
 import argparse
 import json
 from collections.abc import Callable
@@ -15,7 +16,6 @@ from dpvision.log import say
 
 
 def _accountants_for(sample_rate: float, chosen: str | None) -> list[Any]:
-    # local import: start-up time
     from dpvision.accounting import Accountant
 
     if chosen is not None:
@@ -24,7 +24,6 @@ def _accountants_for(sample_rate: float, chosen: str | None) -> list[Any]:
 
 
 def _default_for(sample_rate: float, chosen: str | None) -> Any:
-    # local import: start-up time
     from dpvision.accounting import Accountant
 
     if chosen is not None:
@@ -33,7 +32,6 @@ def _default_for(sample_rate: float, chosen: str | None) -> Any:
 
 
 def _not_applicable(accountant: Any, sample_rate: float) -> str | None:
-    # local import: start-up time
     from dpvision.accounting import Accountant
 
     if accountant is Accountant.GAUSSIAN and sample_rate != 1:
@@ -86,7 +84,6 @@ def _table_rows(
 
 
 def _run_epsilon(args: argparse.Namespace) -> dict[str, Any] | None:
-    # local import: start-up time
     from dpvision.accounting import compute_epsilon, poisson_gaussian_event
 
     event = poisson_gaussian_event(
@@ -120,7 +117,6 @@ def _run_epsilon(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def _run_noise(args: argparse.Namespace) -> dict[str, Any] | None:
-    # local import: start-up time
     from dpvision.accounting import (
         calibrate_noise_multiplier,
         compute_epsilon,
@@ -177,7 +173,6 @@ def _run_noise(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def _run_steps(args: argparse.Namespace) -> dict[str, Any] | None:
-    # local import: start-up time
     from dpvision.accounting import calibrate_steps, compute_epsilon, poisson_gaussian_event
 
     def solve(accountant: Any) -> tuple[int, float]:

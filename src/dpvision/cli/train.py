@@ -1,5 +1,6 @@
 """``dpvision train``."""
 
+# local imports: start-up time (heavy modules are imported in the functions using them)
 import argparse
 from typing import Any
 
@@ -8,13 +9,8 @@ from dpvision.errors import DPVisionError
 
 
 def run(args: argparse.Namespace) -> None:
-    # local import: start-up time
     from dpvision.config import resolve
-
-    # local import: start-up time
     from dpvision.fileio import write_json_atomic
-
-    # local import: start-up time
     from dpvision.runs.train import run_training, summary
 
     flags = run_flags(args)
@@ -35,7 +31,6 @@ def run(args: argparse.Namespace) -> None:
         raise
     finally:
         if workers is not None:
-            # local import: start-up time
             from dpvision.distributed import shutdown
 
             shutdown()
@@ -52,7 +47,6 @@ def run(args: argparse.Namespace) -> None:
 
 def _join_torchrun() -> Any:
     """Joins the process group when launched by torchrun with several processes."""
-    # local import: start-up time
     from dpvision.distributed import init_from_env, launched_by_torchrun
 
     return init_from_env() if launched_by_torchrun() else None

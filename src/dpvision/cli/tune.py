@@ -1,5 +1,6 @@
 """``dpvision tune``."""
 
+# local imports: start-up time (heavy modules are imported in the functions using them)
 import argparse
 from typing import Any
 
@@ -7,13 +8,8 @@ from dpvision.cli.arguments import add_run_arguments, output_file, positive_floa
 
 
 def run(args: argparse.Namespace) -> None:
-    # local import: start-up time
     from dpvision.config import resolve
-
-    # local import: start-up time
     from dpvision.fileio import write_json_atomic
-
-    # local import: start-up time
     from dpvision.runs.tune import TuneSettings, parse_search, run_tune
 
     search = parse_search(args.search)  # spelling first: one line, before any data is read

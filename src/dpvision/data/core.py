@@ -9,6 +9,7 @@ The arrays are the private data. Nothing here releases them or anything computed
 
 from __future__ import annotations
 
+# local imports: start-up time (heavy modules are imported in the functions using them)
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -153,7 +154,6 @@ def images_to_tensor(images: np.ndarray) -> torch.Tensor:
     Returns:
         A CPU ``float32`` tensor of shape ``(N, C, H, W)`` with values in ``[0, 1]``.
     """
-    # local import: start-up time
     import torch
 
     return torch.from_numpy(images_to_float(images))

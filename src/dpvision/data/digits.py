@@ -12,6 +12,7 @@ The images are treated as private data; this module releases nothing.
 
 from __future__ import annotations
 
+# local imports: start-up time (heavy modules are imported in the functions using them)
 import numpy as np
 
 from dpvision.errors import DPVisionError
@@ -59,7 +60,6 @@ def load_digits_arrays() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray
         DPVisionError: If scikit-learn is not installed.
     """
     try:
-        # local import: start-up time
         from sklearn.datasets import load_digits
     except ImportError as exc:
         raise DPVisionError(

@@ -18,6 +18,7 @@ The images are private data; this module only reads them and releases nothing.
 
 from __future__ import annotations
 
+# local imports: start-up time (heavy modules are imported in the functions using them)
 import os
 from pathlib import Path
 from typing import Any
@@ -65,7 +66,6 @@ def load_image_folder(
             an image cannot be read, or the images do not all have the same size.
     """
     try:
-        # local import: start-up time
         from PIL import Image
     except ImportError as exc:
         raise DPVisionError(
@@ -139,7 +139,6 @@ def read_images(paths: list[Path], channels: int) -> np.ndarray:
     """Decodes image files to ``uint8`` ``(N, H, W, C)`` with ``channels`` 1 (grayscale) or
     3 (RGB); all must have the same size."""
     try:
-        # local import: start-up time
         from PIL import Image
     except ImportError as exc:
         raise DPVisionError(
@@ -179,7 +178,6 @@ class _Files:
         return len(self.paths)
 
     def __getitem__(self, index: int) -> tuple[np.ndarray | None, str]:
-        # local import: start-up time (and each worker imports it once)
         from PIL import Image
 
         try:
@@ -201,7 +199,6 @@ def _decode(paths: list[Path], mode: str) -> np.ndarray:
     """Decodes ``paths`` (all of one size, checked by the caller) to ``uint8`` ``(N, H, W, C)``
     with :func:`decode_workers` ``DataLoader`` workers, in order; each worker hands back
     batches of :data:`DECODE_BATCH` images."""
-    # local import: start-up time (importing dpvision.data must not import torch)
     import torch.utils.data
 
     loader = torch.utils.data.DataLoader(

@@ -38,6 +38,7 @@ Importing this module does not import torch; extraction does.
 
 from __future__ import annotations
 
+# local imports: start-up time (heavy modules are imported in the functions using them)
 import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -93,7 +94,6 @@ def block_names(body: nn.Module) -> list[str]:
     Returns:
         Dotted module names, ending with :data:`EMBEDDING`.
     """
-    # local import: start-up time
     from dpvision.models.wide_resnet import WideResNet
 
     if isinstance(body, WideResNet):
@@ -127,7 +127,6 @@ def encoder_digest(path: str | Path) -> str:
         raise DPVisionError(
             f"encoder file {path} not found; make one with `dpvision pretrain --out {path}`"
         )
-    # local import: start-up time (dpvision.fileio imports torch)
     from dpvision.fileio import sha256_file
 
     try:
@@ -160,7 +159,6 @@ class EncoderFeatures:
         device: str | torch.device | None = None,
         image_shape: tuple[int, ...] | None = None,
     ) -> None:
-        # local import: start-up time
         from dpvision.models.encoder import load_encoder
 
         if spec.name == "backbone":
@@ -199,7 +197,6 @@ class EncoderFeatures:
 
     def _pool(self, output: torch.Tensor) -> torch.Tensor:
         """``(N, K, h, w)`` -> ``(N, K·grid·grid)`` by adaptive average pooling; else flatten."""
-        # local import: start-up time
         import torch.nn.functional as functional
 
         if output.ndim == 4:
@@ -212,7 +209,6 @@ class EncoderFeatures:
         """A forward hook that stores the pooled output of module ``name``."""
 
         def hook(module: nn.Module, inputs: Any, output: Any) -> None:
-            # local import: start-up time
             import torch
 
             if not isinstance(output, torch.Tensor):
@@ -236,7 +232,6 @@ class EncoderFeatures:
 
     def __call__(self, batch: torch.Tensor) -> torch.Tensor:
         """Features ``(N, D)`` of a ``[0, 1]`` batch ``(N, C, H, W)`` (on the body's device)."""
-        # local import: start-up time
         import torch
 
         self._outputs = {}
@@ -268,7 +263,6 @@ def load_backbone(spec: FeatureSpec, image_shape: tuple[int, ...]) -> tuple[nn.M
     its training data (checked by the run: see
     :func:`dpvision.models.weights.check_trained_on`).
     """
-    # local import: start-up time
     from dpvision.models.encoder import EncoderInfo
     from dpvision.models.heads import body_of
     from dpvision.models.registry import build_network
@@ -334,7 +328,6 @@ def _encoder_dim(
     spec: FeatureSpec,
 ) -> int:
     """:func:`encoder_dim` for one state of the file (``stamp``); errors are not cached."""
-    # local import: start-up time
     import torch
 
     encoder = EncoderFeatures(spec, image_shape=image_shape)

@@ -17,6 +17,7 @@ in a memory-mapped file).
 
 from __future__ import annotations
 
+# local imports: start-up time (heavy modules are imported in the functions using them)
 import dataclasses
 import math
 from typing import TYPE_CHECKING
@@ -76,7 +77,6 @@ def feature_shape(image_shape: tuple[int, ...], spec: FeatureSpec) -> tuple[int,
     elif spec.name in NETWORK_FEATURES:
         maps = (encoder_dim((height, width, channels), spec), 1, 1)
     else:
-        # local import: start-up time
         import torch
 
         with torch.no_grad():
@@ -168,7 +168,6 @@ def _extract(
     desc: str | None = None,
 ) -> None:
     """The batch loop behind :func:`extract_features` and :func:`extract_into`."""
-    # local import: start-up time
     import torch
 
     _check_images(images)

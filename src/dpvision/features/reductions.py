@@ -11,6 +11,7 @@ privacy. The projection matrix depends only on ``(input_dim, output_dim, seed)``
 
 from __future__ import annotations
 
+# local imports: start-up time (heavy modules are imported in the functions using them)
 import math
 from typing import TYPE_CHECKING
 
@@ -53,7 +54,6 @@ def average_pool(maps: torch.Tensor, pool: int) -> torch.Tensor:
     """
     if pool == 1:
         return maps
-    # local import: start-up time
     import torch.nn.functional as functional
 
     return functional.avg_pool2d(maps, kernel_size=pool, stride=pool, ceil_mode=True)
@@ -102,7 +102,6 @@ def rescale_to_norm(features: torch.Tensor, norm: float) -> torch.Tensor:
         ``preprocessing.clip_norm = norm``, the private centering clips nothing and its sum
         has L2 sensitivity ``norm`` (``norm / N`` for the mean), as in DP-RandP App. G.
     """
-    # local import: start-up time
     import torch
 
     wide = features.to(torch.float64)

@@ -17,6 +17,7 @@ removed).
 
 from __future__ import annotations
 
+# local imports: start-up time (heavy modules are imported in the functions using them)
 import functools
 from typing import TYPE_CHECKING, Any
 
@@ -66,7 +67,6 @@ def _scattering(
     Raises:
         DPVisionError: If the image is too small for ``scales``.
     """
-    # local import: start-up time
     from kymatio.scattering2d.frontend.torch_frontend import ScatteringTorch2D
 
     if min(height, width) < 2**scales:
@@ -106,7 +106,6 @@ def scatter(
         A fixed function of each image separately, with fixed constants (the ImageNet
         statistics are public): it uses no statistic of the data and costs no privacy.
     """
-    # local import: start-up time
     import torch
 
     if images.ndim != 4 or images.shape[1] not in (1, 3):

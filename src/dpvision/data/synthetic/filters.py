@@ -3,6 +3,7 @@ bank of oriented edges and lines (a simplified \"StyleGAN-oriented\")."""
 
 from __future__ import annotations
 
+# local imports: start-up time (heavy modules are imported in the functions using them)
 import functools
 import math
 
@@ -91,10 +92,7 @@ FILTER_BANK_NAMES: tuple[str, ...] = _filter_bank()[1]
 
 def oriented_filters_image(rng: np.random.Generator, size: int, channels: int) -> np.ndarray:
     """One image of the random oriented-filter generator (torch does the arithmetic)."""
-    # local import: start-up time
     import torch
-
-    # local import: start-up time
     import torch.nn.functional as F  # noqa: N812 (the usual PyTorch alias)
 
     bank = oriented_filter_bank()

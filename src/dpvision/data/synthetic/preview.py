@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+# local imports: start-up time (heavy modules are imported in the functions using them)
 import os
 import tempfile
 from pathlib import Path
@@ -87,7 +88,6 @@ def write_preview(
     Raises:
         DPVisionError: On bad arguments or if the file cannot be written.
     """
-    # local import: start-up time
     from PIL import Image
 
     kind = check_kind(kind)

@@ -31,7 +31,7 @@ from dpvision.runs.train import run_training
 RESULTS = Path(__file__).resolve().parent / "results"
 EPSILONS = (1.0, 3.0)
 SEEDS = (0, 1, 2)
-ADAPTIVE = "learner.clipping_mode='adaptive'"
+ADAPTIVE = "learner.clipping='adaptive'"
 SETUPS: dict[str, dict[str, Any]] = {
     "recipe": {
         "flags": {},

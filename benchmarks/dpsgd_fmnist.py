@@ -77,9 +77,9 @@ def _toml_value(value: Any) -> str:
     return repr(value)
 
 
-def _command(setup: str, epsilon: float, seed: int, out: Path, clipping: str) -> list[str]:
+def _command(setup: str, epsilon: float, seed: int, out: Path, grad_sample_mode: str) -> list[str]:
     spec = SETUPS[setup]
-    learner = {**spec["learner"], "clipping": clipping}
+    learner = {**spec["learner"], "grad_sample_mode": grad_sample_mode}
     sets = [f"learner.{k}={_toml_value(v)}" for k, v in learner.items()]
     command = [
         sys.executable, "-m", "dpvision", "train",
@@ -93,14 +93,17 @@ def _command(setup: str, epsilon: float, seed: int, out: Path, clipping: str) ->
 
 
 def _run(
-    setup: str, epsilon: float, seed: int, folder: Path, threads: int, clipping: str
+    setup: str, epsilon: float, seed: int, folder: Path, threads: int, grad_sample_mode: str
 ) -> dict[str, Any]:
     out = folder / f"{setup}_eps{epsilon:g}_seed{seed}.json"
     if not out.exists():
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
         started = time.perf_counter()
         done = subprocess.run(
-            _command(setup, epsilon, seed, out, clipping), env=env, capture_output=True, text=True
+            _command(setup, epsilon, seed, out, grad_sample_mode),
+            env=env,
+            capture_output=True,
+            text=True,
         )
         if done.returncode != 0:
             raise RuntimeError(f"{out.name} failed: {done.stderr.strip().splitlines()[-1:]}")
@@ -180,7 +183,9 @@ def main() -> int:
     parser.add_argument("--only", action="append", choices=sorted(SETUPS), help="setups to run")
     parser.add_argument("--epsilons", type=float, nargs="+", default=[3.0, 1.0])
     parser.add_argument(
-        "--clipping", default="auto", help="learner.clipping (speed only; same clipped sums)"
+        "--grad-sample-mode",
+        default="auto",
+        help="learner.grad_sample_mode (speed only; same clipped sums)",
     )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--workers", type=int, default=1, help="runs in parallel")
@@ -193,7 +198,9 @@ def main() -> int:
     jobs = [(s, e, seed) for e in args.epsilons for s in setups for seed in args.seeds]
     if not args.report_only:
         with ThreadPoolExecutor(max_workers=args.workers) as pool:
-            list(pool.map(lambda job: _run(*job, folder, args.threads, args.clipping), jobs))
+            list(
+                pool.map(lambda job: _run(*job, folder, args.threads, args.grad_sample_mode), jobs)
+            )
     runs = []
     for path in sorted(folder.glob("*.json")):
         setup = path.name.split("_eps")[0]

@@ -19,7 +19,7 @@ SOURCE = Path(__file__).resolve().parents[1] / "src" / "dpvision"
 
 LAYERS: list[tuple[str, ...]] = [
     ("errors", "version"),
-    ("fileio", "log", "distributed", "devices", "averaging", "profiling", "options"),
+    ("fileio", "log", "distributed", "devices", "averaging", "profiling", "options", "seeds"),
     ("accounting",),
     ("mechanisms",),
     ("models", "data"),

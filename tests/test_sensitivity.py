@@ -176,7 +176,7 @@ def _run_family(seed: int, neighbours: int) -> None:
         for label, run in [
             ("engine", dpsgd_release(model, max_grad_norm=C)),
             ("engine chunked", dpsgd_release(model, max_grad_norm=C, physical_batch_size=chunk)),
-            ("engine vmap", dpsgd_release(model, max_grad_norm=C, clipping="vmap")),
+            ("engine vmap", dpsgd_release(model, max_grad_norm=C, grad_sample_mode="vmap")),
             ("privacy engine", privacy_engine_release(model, _one_pass, max_grad_norm=C)),
             (
                 "privacy engine chunked",

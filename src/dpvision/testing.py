@@ -316,19 +316,21 @@ def dpsgd_release(
     *,
     max_grad_norm: float = 1.0,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-    clipping: str = "auto",
+    grad_sample_mode: str = "auto",
     views: bool = False,
     physical_batch_size: int | None = None,
     steps: int = 1,
     workers: Any = None,
     precision: torch.dtype | None = None,
-    policy: str = "flat",
+    clipping: str = "flat",
     **policy_options: float,
 ) -> Run:
     """``run((inputs, targets))``: DP-SGD engine steps on a copy of ``model``, noise off
     (forward and backward under autocast to ``precision`` when given; clipped by the clip
-    ``policy`` named — ``flat``, ``per_layer``, ``adaptive`` — with ``policy_options`` as
-    in :func:`~dpvision.mechanisms.clip_policy.make_clip_policy`).
+    policy ``clipping`` names — ``flat``, ``per_layer``, ``adaptive`` — with
+    ``policy_options`` as in :func:`~dpvision.mechanisms.clip_policy.make_clip_policy`;
+    per-example gradients computed as ``grad_sample_mode`` says: ``auto``,
+    ``bookkeeping`` or ``vmap``).
 
     Every step uses the whole dataset as its batch (q = 1), split into physical batches of
     ``physical_batch_size`` examples; the copy's parameters do not move (learning rate 0),
@@ -357,9 +359,9 @@ def dpsgd_release(
             num_examples=len(inputs),
             ledger=PrivacyLedger(),
             generator=torch.Generator(),
-            clipping=policy,
+            clipping=clipping,
             views=views,
-            method=clipping,
+            method=grad_sample_mode,
             workers=workers,
             precision=precision,
             **policy_options,

@@ -145,16 +145,16 @@ def test_the_sensitivity_checker_passes_privacy_engine_per_layer_with_a_huge_exa
 def test_cli_trains_with_per_layer_clipping(tmp_path, capsys):
     out = tmp_path / "result.json"
     code = main(
-        ["train", "--quiet", "--method", "dp-sgd", "--set", "learner.clipping_mode='per-layer'",
+        ["train", "--quiet", "--method", "dp-sgd", "--set", "learner.clipping='per-layer'",
          "--set", "learner.epochs=1", "--json", str(out)]
     )  # fmt: skip
     assert code == 0
     result = json.loads(out.read_text())
-    assert result["config"]["learner"]["clipping_mode"] == "per-layer"
+    assert result["config"]["learner"]["clipping"] == "per_layer"  # Opacus' spelling
     assert result["privacy_ledger"][-1]["l2_sensitivity"] == pytest.approx(1.0)
-    code = main(["train", "--quiet", "--method", "dp-sgd", "--set", "learner.clipping_mode='x'"])
+    code = main(["train", "--quiet", "--method", "dp-sgd", "--set", "learner.clipping='x'"])
     assert code == 2
-    assert "clipping_mode must be one of" in capsys.readouterr().err
+    assert "unknown learner.clipping 'x'; choose one of: flat, per_layer" in capsys.readouterr().err
 
 
 def test_the_noise_is_scaled_to_the_root_sum_of_squares_of_the_group_norms():

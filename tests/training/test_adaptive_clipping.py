@@ -111,7 +111,9 @@ def test_the_sensitivity_checker_passes_with_adaptive_clipping():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3)).double()
     data = (torch.randn(12, 4, dtype=torch.float64), torch.arange(12) % 3)
-    run = dpsgd_release(model, max_grad_norm=0.5, steps=3, policy="adaptive", unclipped_num_std=2.0)
+    run = dpsgd_release(
+        model, max_grad_norm=0.5, steps=3, clipping="adaptive", unclipped_num_std=2.0
+    )
     report = check_sensitivity(run, data, positions=[0, 5, 12], scale=30.0)
     assert report.ok, report.summary()
     assert report.max_ratio > 0.5, report.summary()
@@ -127,7 +129,7 @@ def test_bad_adaptive_options_are_one_line_errors():
 
 def test_cli_adaptive_clipping_reports_its_clip_norm_and_resumes_it(tmp_path, capsys):
     checkpoint, first, second = tmp_path / "run.ckpt", tmp_path / "a.json", tmp_path / "b.json"
-    args = ["train", "--quiet", "--method", "dp-sgd", "--set", "learner.clipping_mode=adaptive",
+    args = ["train", "--quiet", "--method", "dp-sgd", "--set", "learner.clipping=adaptive",
             "--set", "learner.max_grad_norm=0.01", "--set", "learner.steps=8",
             "--checkpoint", str(checkpoint)]  # fmt: skip
     assert main([*args, "--json", str(first)]) == 0
@@ -139,7 +141,7 @@ def test_cli_adaptive_clipping_reports_its_clip_norm_and_resumes_it(tmp_path, ca
     assert main([*args, "--json", str(second)]) == 0  # resumed at its last step
     assert json.loads(second.read_text())["final_clip_norm"] == result["final_clip_norm"]
     code = main(
-        ["train", "--quiet", "--method", "dp-sgd", "--set", "learner.clipping_mode=adaptive",
+        ["train", "--quiet", "--method", "dp-sgd", "--set", "learner.clipping=adaptive",
          "--set", "learner.unclipped_num_std=0.1"]
     )  # fmt: skip
     assert code == 2
@@ -192,7 +194,7 @@ def test_the_linear_head_learner_clips_adaptively_and_passes_the_checker():
     x, y = rng.normal(size=(300, 6)) * 5, np.arange(300) % 3
     learner = DPSGDLinear(
         target_epsilon=2.0, num_classes=3, clip_norm=0.01, batch_size=100, epochs=5,
-        clipping_mode="adaptive", unclipped_num_std=20.0, clipbound_learning_rate=0.5,
+        clipping="adaptive", unclipped_num_std=20.0, clipbound_learning_rate=0.5,
         random_state=0,
     ).fit(x, y)  # fmt: skip
     (entry,) = learner.privacy_ledger_.entries
@@ -202,13 +204,13 @@ def test_the_linear_head_learner_clips_adaptively_and_passes_the_checker():
     # The C update divides the count by the public expected batch size: fixed here, as n is
     # for the neighbours (otherwise n + 1 would change the mechanism, not the data's effect).
     quiet = DPSGDLinear(
-        noise_multiplier=0.0, num_classes=3, clip_norm=0.5, epochs=3, clipping_mode="adaptive",
+        noise_multiplier=0.0, num_classes=3, clip_norm=0.5, epochs=3, clipping="adaptive",
         unclipped_num_std=5.0, expected_batch_size=20.0,
     )  # fmt: skip
     report = check_sensitivity(learner_release(quiet), (x[:20], y[:20]), scale=1e4)
     assert report.ok, report.summary()
-    with pytest.raises(DPVisionError, match="clipping_mode must be"):
-        DPSGDLinear(target_epsilon=1.0, num_classes=3, clipping_mode="per-layer").fit(x, y)
+    with pytest.raises(DPVisionError, match="clipping must be 'flat' or 'adaptive'"):
+        DPSGDLinear(target_epsilon=1.0, num_classes=3, clipping="per_layer").fit(x, y)
 
 
 def test_a_step_that_raises_leaves_no_count_for_the_next_release():

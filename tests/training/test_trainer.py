@@ -55,7 +55,7 @@ def _sets(**learner: object) -> list[str]:
         "crop_padding": 2,
         "ema_decay": 0.9,
         "checkpoint_every": 1,
-        "clipping": "vmap",
+        "grad_sample_mode": "vmap",
         **learner,
     }
     return [f"learner.{k}={json.dumps(v)}" for k, v in options.items()]

@@ -18,6 +18,7 @@ import numpy as np
 
 from dpvision.data.core import ImageDataset
 from dpvision.errors import DPVisionError
+from dpvision.seeds import public_rng
 
 CANARIES = ("blank", "noise", "mislabeled")
 
@@ -85,7 +86,7 @@ def make_audit_data(
     if canary == "blank":
         image, target = np.zeros(shape, dtype=np.uint8), label
     elif canary == "noise":
-        rng = np.random.default_rng(np.random.SeedSequence([seed, 7]))
+        rng = public_rng(seed, "audit noise canary")
         image, target = rng.integers(0, 256, shape, dtype=np.uint8), label
     else:
         if dataset.num_test < 1:

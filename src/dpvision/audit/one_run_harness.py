@@ -20,6 +20,7 @@ from dpvision.audit.one_run_targets import ONE_RUN_CANARIES, make_one_run_target
 from dpvision.audit.plot import score_histogram
 from dpvision.config import TrainConfig
 from dpvision.errors import DPVisionError
+from dpvision.seeds import public_rng
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,7 +108,7 @@ def run_one_run_audit(
         canary=settings.canary,
         seed=settings.seed,
     )
-    coins = np.random.default_rng(np.random.SeedSequence([settings.seed, 14]))
+    coins = public_rng(settings.seed, "one-run audit coins")
     included = coins.random(settings.canaries) < 0.5
     trained = time.perf_counter()
     scores = target.scores(included, settings.seed)

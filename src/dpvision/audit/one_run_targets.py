@@ -52,6 +52,7 @@ from dpvision.learners import LEARNERS
 from dpvision.mechanisms import Release, watching_released
 from dpvision.mechanisms.secret import SecretRandomness
 from dpvision.runs import features as feature_runs
+from dpvision.seeds import public_rng, public_sequence
 
 ONE_RUN_CANARIES = ("dirac", "mislabeled")
 DIRAC_SCALE = 10.0
@@ -126,7 +127,7 @@ class LearnerOneRun(OneRunTarget):
         size, canaries, canary, seed = plan.size, plan.canaries, plan.canary, plan.seed
         self.config, self.kind = config, canary
         self.num_classes = dataset.num_classes
-        rng = np.random.default_rng(np.random.SeedSequence([seed, 11]))
+        rng = public_rng(seed, "one-run audit canaries")
         spec = parse_feature_spec(config.features)
         images = np.asarray(dataset.train_images[:size])
         self.labels = np.asarray(dataset.train_labels[:size], dtype=np.int64)
@@ -175,8 +176,8 @@ class LearnerOneRun(OneRunTarget):
         chosen = np.flatnonzero(included)
         train = np.concatenate([self.features, self.canary_features[chosen]])
         labels = np.concatenate([self.labels, self.canary_labels[chosen]])
-        order = np.random.default_rng(np.random.SeedSequence([seed, 12])).permutation(len(train))
-        run_seed = int(np.random.SeedSequence([seed, 13]).generate_state(1)[0])
+        order = public_rng(seed, "one-run audit order").permutation(len(train))
+        run_seed = int(public_sequence(seed, "one-run audit runs").generate_state(1)[0])
         released: list[Release] = []
         with watching_released(released.append if self.statistics else lambda _: None):
             fitted = feature_runs.fit_learner(
@@ -281,7 +282,7 @@ class DPSGDOneRun(OneRunTarget):
         size, canaries, canary, seed = plan.size, plan.canaries, plan.canary, plan.seed
         if config.features != "pixels":
             raise DPVisionError("the dp-sgd audit trains on pixels: set features = pixels")
-        rng = np.random.default_rng(np.random.SeedSequence([seed, 11]))
+        rng = public_rng(seed, "one-run audit canaries")
         self.config, self.dataset, self.kind = config, dataset, canary
         self.images = np.asarray(dataset.train_images[:size])
         self.labels = np.asarray(dataset.train_labels[:size], dtype=np.int64)
@@ -327,11 +328,11 @@ class DPSGDOneRun(OneRunTarget):
             images = np.concatenate([images, self.canary_images[chosen]])
             labels = np.concatenate([labels, self.canary_labels[chosen]])
         else:
-            draws = int(np.random.SeedSequence([seed, 15]).generate_state(1)[0])
+            draws = int(public_sequence(seed, "one-run audit gradient draws").generate_state(1)[0])
             gradient_canaries = GradientCanaries(self.coordinates, included, seed=draws)
-        order = np.random.default_rng(np.random.SeedSequence([seed, 12])).permutation(len(images))
+        order = public_rng(seed, "one-run audit order").permutation(len(images))
         target = self._target(images[order], labels[order])
-        states = np.random.SeedSequence([seed, 13]).generate_state(3)
+        states = public_sequence(seed, "one-run audit runs").generate_state(3)
         released: list[Release] = []
         with watching_released(released.append if gradient_canaries else lambda _: None):
             params = target.train(

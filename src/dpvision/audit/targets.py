@@ -276,10 +276,10 @@ class DPSGDTarget(AuditTarget):
         if config.features != "pixels":
             raise DPVisionError("the dp-sgd audit trains on pixels: set features = pixels")
         options = config.dpsgd
-        if options.clipping_mode == "adaptive":
+        if options.clipping == "adaptive":
             raise DPVisionError(
                 "the audit trains flat or per-layer clipping; audit adaptive clipping's "
-                "mechanism at a fixed learner.max_grad_norm (clipping_mode = 'flat')"
+                "mechanism at a fixed learner.max_grad_norm (clipping = 'flat')"
             )
         if options.batch_size > public_size:
             raise DPVisionError(
@@ -305,7 +305,7 @@ class DPSGDTarget(AuditTarget):
         ).to(device)
         self.init = {k: v.detach().clone() for k, v in self.model.named_parameters()}
         self.policy = make_clip_policy(
-            options.clipping_mode,
+            options.clipping,
             options.max_grad_norm,
             expected_batch_size=self.sample_rate * self.public_size,
             model=self.model,

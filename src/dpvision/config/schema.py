@@ -17,7 +17,7 @@ from dpvision.learners import LEARNERS
 from dpvision.mechanisms.secret import SecretRandomness
 from dpvision.options import Choice, Interval, option
 from dpvision.recipes import AUTO
-from dpvision.training.options import DPSGDOptions
+from dpvision.training.options import DPSGDOptions, names_before_rename
 
 __all__ = ["DEEP_METHODS", "METHODS", "TrainConfig"]
 
@@ -119,8 +119,10 @@ class TrainConfig:
         """This run's secret randomness (:mod:`dpvision.mechanisms.secret`): fresh OS bits,
         or derived from ``secret_seed`` *and this config*, so runs of other configs never
         share their noise with it."""
-        # Where the data and the computation are is not what the run is.
+        # Where the data and the computation are is not what the run is; nor what its
+        # options are called: a run given their former names replays under the new ones.
         context = {k: v for k, v in self.to_dict().items() if k not in ("data_dir", "device")}
+        context["learner"] = names_before_rename(context["learner"])
         return SecretRandomness(
             self.secret_seed,
             secure=self.secure_mode,

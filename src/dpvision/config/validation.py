@@ -14,10 +14,12 @@ from dpvision.devices import parse_device, parse_precision
 from dpvision.errors import DPVisionError
 from dpvision.features.preprocessing import PREPROCESSING
 from dpvision.learners import LEARNERS
+from dpvision.learners.base import DPLinearClassifier
 from dpvision.learners.options import check_learner_options
 from dpvision.mechanisms.secret import check_secret_seed
 from dpvision.options import check, check_known
 from dpvision.recipes import AUTO, RECIPE_METHOD, default_features, default_preprocessing
+from dpvision.training.options import current_names, renamed_option
 from dpvision.training.pretrain_options import PretrainOptions
 
 __all__ = ["REFERENCE_KEYS", "check_reference", "validate"]
@@ -48,6 +50,7 @@ def validate(config: TrainConfig) -> TrainConfig:
     each field against its range (:func:`dpvision.options.check`), then the checks that
     relate fields, with one-line messages naming the field and what is allowed."""
     check(config)
+    config = _current_names(config)
     if config.epsilon is None and config.noise_multiplier is None:
         raise DPVisionError("give epsilon (a target) or noise_multiplier")
     if config.epsilon is not None and config.noise_multiplier is not None:
@@ -118,8 +121,9 @@ def validate(config: TrainConfig) -> TrainConfig:
                 "time: save them to this file first)"
             )
         return config
-    learner = LEARNERS[RECIPE_METHOD if config.method == AUTO else config.method]
+    learner = _learner(config)
     allowed = set(learner().get_params()) - {
+        "clipping_mode",  # DPSGDLinear's former name of clipping, renamed above
         "target_epsilon",
         "target_delta",
         "noise_multiplier",
@@ -136,6 +140,24 @@ def validate(config: TrainConfig) -> TrainConfig:
     check_known(config.learner, sorted(allowed), message)
     checked = check_learner_options(learner, config.learner)
     return config if checked == config.learner else dataclasses.replace(config, learner=checked)
+
+
+def _learner(config: TrainConfig) -> type[DPLinearClassifier]:
+    """The estimator of a feature method (``auto``: the default recipe's)."""
+    return LEARNERS[RECIPE_METHOD if config.method == AUTO else config.method]
+
+
+def _current_names(config: TrainConfig) -> TrainConfig:
+    """The config with the ``[learner]`` options given under their former names renamed,
+    each with a one-line deprecation warning (:func:`dpvision.training.options.current_names`),
+    so that every later reader, and the published config, sees today's names."""
+    if config.method in DEEP_METHODS:
+        learner = current_names(config.learner)
+    elif "clipping" in _learner(config)().get_params():  # DPSGDLinear
+        learner = renamed_option(config.learner, "clipping_mode", "clipping")
+    else:
+        return config
+    return config if learner == config.learner else dataclasses.replace(config, learner=learner)
 
 
 def _resolve_auto(config: TrainConfig) -> TrainConfig:

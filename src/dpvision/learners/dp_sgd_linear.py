@@ -7,6 +7,7 @@ and the clipped sum Σᵢ cᵢ eᵢ[xᵢ; 1]ᵀ is one matrix product: no per-ex
 materialised.
 """
 
+import logging
 import math
 from typing import Any
 
@@ -17,11 +18,12 @@ from dpvision.averaging import ParameterEMA
 from dpvision.errors import DPVisionError
 from dpvision.learners.base import DPLinearClassifier, PrivateFit
 from dpvision.learners.statistics import DEFAULT_CHUNK_SIZE, on_device, read_rows
-from dpvision.mechanisms import PoissonSampler, SecureRandom
+from dpvision.mechanisms import PoissonSampler, SecureRandom, clipping
 from dpvision.mechanisms.clip_policy import ClipPolicy, make_clip_policy
 from dpvision.mechanisms.clipped_sum import ClippedGradientSum
-from dpvision.mechanisms.clipping import clip_factors
 from dpvision.mechanisms.gradient_release import GradientRelease, ReleaseContext, noisy_step
+
+_log = logging.getLogger(__name__)
 
 LOSSES = ("softmax", "sigmoid")
 OPTIMIZERS = ("sgd", "momentum", "adam")
@@ -69,7 +71,7 @@ def clipped_gradient_sum(
     sq_norms = sq_norms.to(errors.dtype) + (1.0 if fit_intercept else 0.0)
     norms = torch.linalg.vector_norm(errors, dim=1) * torch.sqrt(sq_norms)
     finite = torch.isfinite(norms)  # a non-finite entry of xᵢ or eᵢ makes its norm non-finite
-    scale = clip_factors(norms, clip_norm)
+    scale = clipping.clip_factors(norms, clip_norm)
     if not bool(finite.all()):
         x = torch.where(finite.unsqueeze(1), x, torch.zeros_like(x))
         errors = torch.where(finite.unsqueeze(1), errors, torch.zeros_like(errors))
@@ -120,14 +122,17 @@ class DPSGDLinear(DPLinearClassifier):
       ema_decay: μ of an exponential moving average of the iterates (0: off), with the
         warm-up of :func:`dpvision.averaging.ema_decay`; the fitted model is then the
         average (post-processing: free).
-      clipping_mode: ``flat``, or ``adaptive``: C starts at ``clip_norm`` and follows a
-        quantile of the per-example norms (:mod:`dpvision.mechanisms.adaptive_clipping`;
-        each step also releases the unclipped count, and σ is split between the two).
+      clipping: the clip policy (Opacus' name): ``flat``, or ``adaptive``: C starts at
+        ``clip_norm`` and follows a quantile of the per-example norms
+        (:mod:`dpvision.mechanisms.adaptive_clipping`; each step also releases the
+        unclipped count, and σ is split between the two).
       target_unclipped_quantile: ``adaptive`` only, γ (Opacus' names, as in ``dpvision
         train``'s DP-SGD options).
       clipbound_learning_rate: η of the geometric update of C.
       unclipped_num_std: σ_b of the count (default: the expected batch size over 20).
       min_clipbound, max_clipbound: the bounds on C.
+      clipping_mode: deprecated, the former name of ``clipping`` (read, with a one-line
+        warning, when given).
 
     Privacy:
       T releases of Σ_{i∈batch} clip(gᵢ, C) + N(0, (σC)² I), the batch Poisson-sampled at
@@ -163,12 +168,13 @@ class DPSGDLinear(DPLinearClassifier):
         steps: int | None = None,
         expected_batch_size: float | None = None,
         ema_decay: float = 0.0,
-        clipping_mode: str = "flat",
+        clipping: str = "flat",
         target_unclipped_quantile: float = 0.5,
         clipbound_learning_rate: float = 0.2,
         unclipped_num_std: float | None = None,
         min_clipbound: float = 1e-6,
         max_clipbound: float = 1e6,
+        clipping_mode: str | None = None,
     ) -> None:
         self.target_epsilon = target_epsilon
         self.target_delta = target_delta
@@ -193,21 +199,44 @@ class DPSGDLinear(DPLinearClassifier):
         self.steps = steps
         self.expected_batch_size = expected_batch_size
         self.ema_decay = ema_decay
-        self.clipping_mode = clipping_mode
+        self.clipping = clipping
         self.target_unclipped_quantile = target_unclipped_quantile
         self.clipbound_learning_rate = clipbound_learning_rate
         self.unclipped_num_std = unclipped_num_std
         self.min_clipbound = min_clipbound
         self.max_clipbound = max_clipbound
+        self.clipping_mode = clipping_mode  # deprecated (scikit-learn: stored as given)
+
+    def check_params(self) -> None:
+        super().check_params()
+        if self.clipping_mode is not None:
+            _log.warning(
+                "DPSGDLinear(clipping_mode=...) is deprecated: write clipping=%r",
+                self.clipping_mode,
+            )
+        self._clipping()
+
+    def _clipping(self) -> str:
+        """The clip policy's name: ``clipping``, or the deprecated ``clipping_mode``."""
+        clipping = self.clipping
+        if self.clipping_mode is not None:
+            if clipping not in ("flat", self.clipping_mode):
+                raise DPVisionError(
+                    f"clipping_mode is the old name of clipping, and the two differ "
+                    f"({self.clipping_mode!r}, {clipping!r}): give only clipping"
+                )
+            clipping = self.clipping_mode
+        if clipping not in ("flat", "adaptive"):
+            raise DPVisionError(
+                f"clipping must be 'flat' or 'adaptive' (per_layer is for --method dp-sgd: "
+                f"a linear head is one layer), got {clipping!r}"
+            )
+        return clipping
 
     def _policy(self, expected_batch: float) -> ClipPolicy:
-        """The clip policy of ``clipping_mode`` (flat or adaptive)."""
-        if self.clipping_mode not in ("flat", "adaptive"):
-            raise DPVisionError(
-                f"clipping_mode must be 'flat' or 'adaptive', got {self.clipping_mode!r}"
-            )
+        """The clip policy ``clipping`` names (flat or adaptive)."""
         return make_clip_policy(
-            self.clipping_mode,
+            self._clipping(),
             float(self.clip_norm),
             expected_batch_size=expected_batch,
             target_unclipped_quantile=self.target_unclipped_quantile,

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from dpvision.errors import DPVisionError
-from dpvision.mechanisms.clipping import clip_factors
+from dpvision.mechanisms import clipping
 
 
 def group_of(name: str) -> str:
@@ -73,7 +73,8 @@ class GroupNorms:
           √(Σ_g C_g²) to the whole sum.
         """
         return {
-            group: clip_factors(sq.sqrt(), self.norm(group), keep) for group, sq in sq_norms.items()
+            group: clipping.clip_factors(sq.sqrt(), self.norm(group), keep)
+            for group, sq in sq_norms.items()
         }
 
 

@@ -150,6 +150,9 @@ class PrivacyEngine:
             noise ``unclipped_num_std`` (default: the expected batch size over 20); σ is
             split between the sum and the count, so each step stays one release of σ.
           grad_sample_mode: accepted for Opacus code; the clipping is the same for all.
+            (``dpvision train`` takes the same two names: ``learner.clipping``, the clip
+            policy above, and ``learner.grad_sample_mode``, dpvision's own ``auto``,
+            ``bookkeeping`` or ``vmap``.)
           criterion: the loss; with ``grad_sample_mode="ghost"`` it comes back wrapped as
             a :class:`~dpvision.privacy_engine.loss.PerExampleLoss` (as Opacus'
             ``DPLossFastGradientClipping``): evaluated one example at a time, so class

@@ -15,6 +15,7 @@ from dpvision.errors import DPVisionError
 from dpvision.mechanisms.clip_policy import ClipPolicy
 from dpvision.mechanisms.clipped_sum import ClippedGradientSum
 from dpvision.mechanisms.gradient_release import GradientRelease, ReleaseContext, noisy_step
+from dpvision.mechanisms.noise import NoiseGenerator
 from dpvision.per_example.bookkeeping import trainable_params, unclipped_mismatch
 from dpvision.per_example.clip_terms import clip_terms
 from dpvision.per_example.layers import layer_terms, low_precision
@@ -117,6 +118,11 @@ class DPOptimizer(torch.optim.Optimizer):
     def ledger(self) -> PrivacyLedger:
         """Where each logical step is recorded."""
         return self.context.ledger
+
+    @property
+    def generator(self) -> NoiseGenerator:
+        """The noise generator (as Opacus' ``DPOptimizer.generator``)."""
+        return self.context.generator
 
     @property
     def ema(self) -> ParameterEMA | None:

@@ -376,9 +376,9 @@ class _Run:
 
 def _check_learner_modes(config: TrainConfig, checkpoint: Path | None, workers: Workers) -> None:
     """Refuses learner modes this run cannot honour, before any data is read."""
-    if config.dpsgd.clipping_mode != "flat" and config.method != "dp-sgd":
+    if config.dpsgd.clipping != "flat" and config.method != "dp-sgd":
         raise DPVisionError(
-            f"learner.clipping_mode = {config.dpsgd.clipping_mode!r} is for --method dp-sgd "
+            f"learner.clipping = {config.dpsgd.clipping!r} is for --method dp-sgd "
             "(DP-RandP's phases change which layers train)"
         )
     if config.dpsgd.secure_mode and (checkpoint is not None or workers.distributed):
@@ -454,7 +454,7 @@ def _prepare_step(
         policy=state.policy,
         context=ReleaseContext(state.ledger, state.noise, workers, state.ema),
         views=options.augmult > 0,
-        method=options.performance.clipping,
+        method=options.performance.grad_sample_mode,
         precision=place.compute_dtype,
     )
 
@@ -462,9 +462,9 @@ def _prepare_step(
 def clip_policy(
     options: DPSGDOptions, model: torch.nn.Module, expected_batch_size: float
 ) -> ClipPolicy:
-    """The clip policy ``learner.clipping_mode`` names, over ``model``'s trainable layers."""
+    """The clip policy ``learner.clipping`` names, over ``model``'s trainable layers."""
     return make_clip_policy(
-        options.clipping_mode,
+        options.clipping,
         options.max_grad_norm,
         expected_batch_size=expected_batch_size,
         model=model,

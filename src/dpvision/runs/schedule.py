@@ -11,8 +11,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from dpvision.accounting import PrivacyLedger, calibrate_noise_multiplier
 from dpvision.config import TrainConfig
 from dpvision.data.inputs import TrainingData
@@ -20,7 +18,8 @@ from dpvision.errors import DPVisionError
 from dpvision.features.backbone import encoder_digest
 from dpvision.mechanisms.secret import SecretRandomness
 from dpvision.runs.validation import ValidationRelease
-from dpvision.training.options import DPSGDOptions
+from dpvision.seeds import public_seeds
+from dpvision.training.options import DPSGDOptions, names_before_rename
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,9 +66,7 @@ def prepare_schedule(
 def run_seeds(seed: int) -> dict[str, int]:
     """Independent seeds for the *public* randomness (initialisation, augmentation), derived
     from the run's public seed; the noise and the sampling never come from it."""
-    names = ("init", "augment")
-    states = np.random.SeedSequence([seed, 4]).generate_state(len(names), dtype=np.uint64)
-    return {name: int(value) % 2**63 for name, value in zip(names, states, strict=True)}
+    return public_seeds(seed, "dp-sgd run", ("init", "augment"))
 
 
 def run_settings(config: TrainConfig) -> dict[str, Any]:
@@ -83,7 +80,8 @@ def run_settings(config: TrainConfig) -> dict[str, Any]:
         if not data.get(name):  # as before the option existed: old checkpoints resume
             data.pop(name, None)
     options = config.dpsgd
-    data["learner"] = options.run_settings()
+    # Under the options' former names, so that checkpoints written before the rename resume.
+    data["learner"] = names_before_rename(options.run_settings())
     for key in ("encoder", "init"):
         path = getattr(options, key)
         if path is not None and Path(path).is_file():

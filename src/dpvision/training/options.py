@@ -10,18 +10,32 @@ form their own typed group, :class:`PerformanceOptions` (jax_privacy's
 ``PerformanceFlags``); the ``[learner]`` table keeps them flat. A checkpoint is tied to the
 other options only (:meth:`DPSGDOptions.run_settings`), so a run may be resumed with a
 smaller physical batch after running out of memory.
+
+Two options carry Opacus' names: ``clipping`` is the clip policy
+(``flat``, ``per_layer``, ``adaptive``; formerly ``clipping_mode``) and ``grad_sample_mode``
+how the per-example gradients are computed (``auto``, ``bookkeeping``, ``vmap``; formerly
+``clipping``). :func:`current_names` still reads the old names, with a one-line deprecation
+warning; :func:`names_before_rename` gives them back where a run's identity is derived from
+its options (its secret randomness, its checkpoint's fingerprint), so that a run replays and
+resumes across the rename.
 """
 
 import dataclasses
+import json
+import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from dpvision.data.augment import PADDING_MODES
 from dpvision.errors import DPVisionError
+from dpvision.mechanisms.clip_policy import CLIP_POLICIES
 from dpvision.models.finetune import FINETUNE_MODES
 from dpvision.models.registry import BATCHNORM_MODES, check_model
 from dpvision.options import Choice, Interval, check, check_known, coerce, option, option_hints
 from dpvision.per_example import CLIPPING_METHODS
+
+_log = logging.getLogger(__name__)
 
 OPTIMIZERS = ("sgd", "adam")
 NORMALIZATIONS = ("none", "dataset")
@@ -36,7 +50,8 @@ class PerformanceOptions:
 
     Attributes:
       physical_batch_size: examples per micro-batch (each with its K views); memory only.
-      clipping: ``auto``, ``bookkeeping`` or ``vmap`` (the same clipped sum, another speed).
+      grad_sample_mode: ``auto``, ``bookkeeping`` or ``vmap``: how the per-example
+        gradients are computed (the same clipped sum, another speed; Opacus' name).
       eval_every: evaluate on the test set every this many steps (0: only at the end).
       checkpoint_every: write the checkpoint every this many steps (with ``--checkpoint``).
       eval_batch_size: examples per evaluation batch.
@@ -51,7 +66,7 @@ class PerformanceOptions:
     """
 
     physical_batch_size: int = option(256, _POSITIVE)
-    clipping: str = option("auto", Choice(CLIPPING_METHODS))
+    grad_sample_mode: str = option("auto", Choice(CLIPPING_METHODS))
     eval_every: int = option(0, _NON_NEGATIVE)
     checkpoint_every: int = option(100, _NON_NEGATIVE)
     eval_batch_size: int = option(1024, _POSITIVE)
@@ -59,9 +74,6 @@ class PerformanceOptions:
 
 
 _PERFORMANCE = tuple(f.name for f in dataclasses.fields(PerformanceOptions))
-
-
-CLIPPING_MODES = ("flat", "per-layer", "adaptive")
 
 
 @dataclass(frozen=True)
@@ -96,9 +108,10 @@ class DPSGDOptions:
         on the privatised gradient (weight decay acts on the parameters only, no data).
       nesterov: Nesterov momentum for ``sgd``.
       max_grad_norm: C, the per-example clipping norm.
-      clipping_mode: ``flat`` (each example's whole gradient clipped to C), ``per-layer``
-        (Opacus' ``per_layer``: each of the G layers' part clipped to C/√G; the sensitivity,
-        hence the noise, stays C; :mod:`dpvision.per_example.groups`) or ``adaptive``
+      clipping: the clip policy, as Opacus names it: ``flat`` (each example's whole
+        gradient clipped to C), ``per_layer`` (``per-layer`` is read as ``per_layer``: each
+        of the G layers' part clipped to C/√G; the sensitivity, hence the noise, stays C;
+        :mod:`dpvision.per_example.groups`) or ``adaptive``
         (the clip norm, starting at C, follows a quantile of the per-example norms,
         estimated privately each step; :mod:`dpvision.mechanisms.adaptive_clipping`).
         ``dp-sgd`` only.
@@ -144,7 +157,7 @@ class DPSGDOptions:
     optimizer: str = option("sgd", Choice(OPTIMIZERS))
     weight_decay: float = option(0.0, _NON_NEGATIVE)
     max_grad_norm: float = option(1.0, _POSITIVE)
-    clipping_mode: str = "flat"
+    clipping: str = option("flat", Choice(CLIP_POLICIES))
     target_unclipped_quantile: float = option(0.5, Interval(0, 1))
     clipbound_learning_rate: float = option(0.2, _POSITIVE)
     unclipped_num_std: float | None = option(None, _POSITIVE)
@@ -165,9 +178,17 @@ class DPSGDOptions:
     phase2_learning_rate: float | None = option(None, _POSITIVE)
     performance: PerformanceOptions = dataclasses.field(default_factory=PerformanceOptions)
 
+    def __post_init__(self) -> None:
+        # ``per-layer`` (dpvision's former spelling) is Opacus' ``per_layer``.
+        if isinstance(self.clipping, str):
+            object.__setattr__(self, "clipping", _policy_name(self.clipping))
+
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "DPSGDOptions":
-        """Builds and validates the options; unknown keys and bad values are one-line errors."""
+        """Builds and validates the options; unknown keys and bad values are one-line errors.
+        The old names of ``clipping`` and ``grad_sample_mode`` are read too
+        (:func:`current_names`)."""
+        raw = current_names(raw)
         hints = {k: v for k, v in option_hints(cls).items() if k != "performance"}
         hints.update(option_hints(PerformanceOptions))
         check_known(raw, sorted(hints), "unknown learner option {key!r} for dp-sgd; valid: {valid}")
@@ -198,11 +219,6 @@ class DPSGDOptions:
             check_model(self.model)
         check(self, prefix="learner.")
         check(self.performance, prefix="learner.")
-        if self.clipping_mode not in CLIPPING_MODES:
-            raise DPVisionError(
-                f"learner.clipping_mode must be one of {', '.join(CLIPPING_MODES)}, got "
-                f"{self.clipping_mode!r}"
-            )
         if self.steps is None and self.epochs is None:
             raise DPVisionError("give learner.steps or learner.epochs")
         if self.steps is not None and self.epochs is not None:
@@ -230,3 +246,79 @@ class DPSGDOptions:
                 self.phase2_learning_rate,
             )
         )
+
+
+def _policy_name(clipping: Any) -> Any:
+    """``per-layer`` as Opacus spells it, ``per_layer``; any other name unchanged."""
+    return "per_layer" if clipping == "per-layer" else clipping
+
+
+def _rename(options: dict[str, Any], old: str, new: str, why: str = "") -> None:
+    """Moves ``options[old]`` to ``options[new]``, with a one-line deprecation warning."""
+    value = options.pop(old)
+    if new in options and _policy_name(options[new]) != _policy_name(value):
+        raise DPVisionError(
+            f"learner.{old} is the old name of learner.{new}, and the two differ "
+            f"({value!r}, {options[new]!r}): give only learner.{new}"
+        )
+    options[new] = value
+    shown = json.dumps(_policy_name(value)) if isinstance(value, str) else repr(value)
+    _log.warning("learner.%s is deprecated%s: write learner.%s = %s", old, why, new, shown)
+
+
+def renamed_option(options: Mapping[str, Any], old: str, new: str) -> dict[str, Any]:
+    """``options`` (a ``[learner]`` table) with the key ``old`` renamed ``new``, with a
+    one-line deprecation warning if it was there; an error if both are given and differ.
+
+    >>> renamed_option({"clipping_mode": "adaptive"}, "clipping_mode", "clipping")
+    {'clipping': 'adaptive'}
+    """
+    out = dict(options)
+    if old in out:
+        _rename(out, old, new)
+    return out
+
+
+def current_names(options: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``[learner]`` table of ``dp-sgd``/``dp-randp`` under today's names: ``clipping``
+    given as ``auto``, ``bookkeeping`` or ``vmap`` (its old meaning) becomes
+    ``grad_sample_mode``, ``clipping_mode`` becomes ``clipping``, each with a one-line
+    deprecation warning, and ``clipping = "per-layer"`` is spelt ``per_layer``.
+
+    >>> current_names({"clipping": "vmap", "clipping_mode": "per-layer", "epochs": 2})
+    {'epochs': 2, 'grad_sample_mode': 'vmap', 'clipping': 'per_layer'}
+    """
+    out = dict(options)
+    if out.get("clipping") in CLIPPING_METHODS:
+        why = (
+            " for auto, bookkeeping or vmap (it is now the clip policy: flat, per_layer, adaptive)"
+        )
+        _rename(out, "clipping", "grad_sample_mode", why)
+    if "clipping_mode" in out:
+        _rename(out, "clipping_mode", "clipping")
+    if isinstance(out.get("clipping"), str):
+        out["clipping"] = _policy_name(out["clipping"])
+    return out
+
+
+def names_before_rename(options: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``[learner]`` table under its former names and spellings:
+    ``clipping`` (the clip policy, ``per_layer`` spelt ``per-layer``) as ``clipping_mode``,
+    ``grad_sample_mode`` as ``clipping``.
+
+    What a run's identity is derived from (its secret randomness, its checkpoint's
+    fingerprint) goes through this, so that renaming the options changes neither: a run
+    given the new names replays (same ``secret_seed``) and resumes (same checkpoint) a run
+    given the old ones. A ``clipping`` of its old meaning (``auto``, ``bookkeeping``,
+    ``vmap``) is kept.
+
+    >>> names_before_rename({"clipping": "per_layer", "grad_sample_mode": "vmap"})
+    {'clipping_mode': 'per-layer', 'clipping': 'vmap'}
+    """
+    out = dict(options)
+    if "clipping" in out and out["clipping"] not in CLIPPING_METHODS:
+        policy = out.pop("clipping")
+        out["clipping_mode"] = "per-layer" if policy == "per_layer" else policy
+    if "grad_sample_mode" in out:
+        out["clipping"] = out.pop("grad_sample_mode")
+    return out

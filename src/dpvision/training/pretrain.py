@@ -37,6 +37,7 @@ from dpvision.data.synthetic import generate
 from dpvision.features.progress import Progress
 from dpvision.log import say
 from dpvision.models.encoder import EncoderInfo, build_body, save_encoder
+from dpvision.seeds import public_seeds
 from dpvision.training.contrastive import align_uniform_loss, contrastive_views
 from dpvision.training.pretrain_options import PretrainOptions
 from dpvision.training.session import Session
@@ -74,9 +75,7 @@ def learning_rate_at(options: PretrainOptions, step: int) -> float:
 
 
 def _seeds(seed: int) -> dict[str, int]:
-    names = ("images", "init", "order", "views")
-    states = np.random.SeedSequence([seed, 2]).generate_state(len(names), dtype=np.uint64)
-    return {name: int(value) % 2**63 for name, value in zip(names, states, strict=True)}
+    return public_seeds(seed, "phase-i pretrain", ("images", "init", "order", "views"))
 
 
 class _Images:

@@ -45,6 +45,7 @@ from dpvision.log import say
 from dpvision.models.encoder import EncoderInfo, save_encoder
 from dpvision.models.registry import build_network
 from dpvision.models.weights import check_trained_on
+from dpvision.seeds import public_seeds
 from dpvision.training.pretrain_options import SupervisedOptions
 from dpvision.training.session import EpochOrder, Session
 
@@ -70,9 +71,7 @@ def learning_rate_at(options: SupervisedOptions, step: int, steps: int) -> float
 
 
 def _seeds(seed: int) -> dict[str, int]:
-    names = ("init", "order", "augment")
-    states = np.random.SeedSequence([seed, 5]).generate_state(len(names), dtype=np.uint64)
-    return {name: int(value) % 2**63 for name, value in zip(names, states, strict=True)}
+    return public_seeds(seed, "supervised pretrain", ("init", "order", "augment"))
 
 
 def trained_on(options: SupervisedOptions, name: str) -> str:

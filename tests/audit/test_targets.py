@@ -67,7 +67,7 @@ def test_one_stacked_run_is_the_dpsgd_engine_step_for_step(digits):
         ema.update(model)
     for name, value in ema.shadow.items():
         torch.testing.assert_close(stacked[name][0], value, atol=2e-6, rtol=1e-5)
-    assert target.last_ledger == step.ledger
+    assert target.last_ledger == step.context.ledger
 
 
 def test_stacked_runs_do_not_mix(digits):

@@ -19,7 +19,7 @@ from dpvision.errors import DPVisionError
 from dpvision.learners.base import DPLinearClassifier, PrivateFit
 from dpvision.learners.statistics import DEFAULT_CHUNK_SIZE, on_device, read_rows
 from dpvision.mechanisms import PoissonSampler, SecureRandom, clipping
-from dpvision.mechanisms.clip_policy import ClipPolicy, make_clip_policy
+from dpvision.mechanisms.clip_policy import ClipPolicy, adaptive_options, make_clip_policy
 from dpvision.mechanisms.clipped_sum import ClippedGradientSum
 from dpvision.mechanisms.gradient_release import GradientRelease, ReleaseContext, noisy_step
 
@@ -239,11 +239,7 @@ class DPSGDLinear(DPLinearClassifier):
             self._clipping(),
             float(self.clip_norm),
             expected_batch_size=expected_batch,
-            target_unclipped_quantile=self.target_unclipped_quantile,
-            clipbound_learning_rate=self.clipbound_learning_rate,
-            unclipped_num_std=self.unclipped_num_std,
-            min_clipbound=self.min_clipbound,
-            max_clipbound=self.max_clipbound,
+            **adaptive_options(self),
         )
 
     def _sample_rate(self, n: int) -> float:

@@ -39,11 +39,13 @@ from dpvision.mechanisms.secure import noise_source
 
 __all__ = [
     "ADAPTIVE_DEFAULTS",
+    "ADAPTIVE_OPTIONS",
     "CLIP_POLICIES",
     "AdaptiveClip",
     "ClipPolicy",
     "FlatClip",
     "PerLayerClip",
+    "adaptive_options",
     "make_clip_policy",
     "resolve_policy",
 ]
@@ -62,6 +64,16 @@ ADAPTIVE_DEFAULTS: dict[str, float] = {
 :data:`COUNT_NOISE_DIVISOR` (Andrew et al.)."""
 
 COUNT_NOISE_DIVISOR = 20.0
+
+ADAPTIVE_OPTIONS = (*ADAPTIVE_DEFAULTS, "unclipped_num_std")
+"""The keywords of adaptive clipping that :func:`make_clip_policy` takes (Opacus' names)."""
+
+
+def adaptive_options(source: object) -> dict[str, float | None]:
+    """:data:`ADAPTIVE_OPTIONS` read off an options object or estimator that has them all as
+    attributes, for :func:`make_clip_policy`."""
+    return {name: getattr(source, name) for name in ADAPTIVE_OPTIONS}
+
 
 # (group, squared per-example norms of a part of that group), computed only if asked for.
 Parts = Callable[[], Iterable[tuple[str, torch.Tensor]]]

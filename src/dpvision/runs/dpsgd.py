@@ -42,7 +42,7 @@ from dpvision.errors import DPVisionError
 from dpvision.features.preprocessing import FittedPreprocessing
 from dpvision.log import progress, say
 from dpvision.mechanisms import PoissonSampler
-from dpvision.mechanisms.clip_policy import ClipPolicy, make_clip_policy
+from dpvision.mechanisms.clip_policy import ClipPolicy, adaptive_options, make_clip_policy
 from dpvision.mechanisms.gradient_release import GradientRelease, ReleaseContext
 from dpvision.mechanisms.secret import SecretRandomness
 from dpvision.runs.inputs import load_inputs
@@ -468,11 +468,7 @@ def clip_policy(
         options.max_grad_norm,
         expected_batch_size=expected_batch_size,
         model=model,
-        target_unclipped_quantile=options.target_unclipped_quantile,
-        clipbound_learning_rate=options.clipbound_learning_rate,
-        unclipped_num_std=options.unclipped_num_std,
-        min_clipbound=options.min_clipbound,
-        max_clipbound=options.max_clipbound,
+        **adaptive_options(options),
     )
 
 

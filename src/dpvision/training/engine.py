@@ -8,7 +8,6 @@ from typing import Any
 import torch
 
 from dpvision.accounting import PrivacyLedger
-from dpvision.averaging import ParameterEMA
 from dpvision.distributed import Workers
 from dpvision.errors import DPVisionError
 from dpvision.mechanisms.clip_policy import ClipPolicy, make_clip_policy
@@ -72,16 +71,6 @@ class DPSGDStep:
         self.release, self.policy, self.context = release, policy, context
         self.views, self.method, self.precision = views, method, precision
         self.buffer_watch = BufferWatch(model)
-
-    @property
-    def ema(self) -> ParameterEMA | None:
-        """The parameter EMA updated after each step."""
-        return self.context.ema
-
-    @property
-    def ledger(self) -> PrivacyLedger:
-        """Where each step is recorded."""
-        return self.context.ledger
 
     def __call__(self, micro_batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Applies one logical step whose examples arrive as (inputs, targets) micro-batches.

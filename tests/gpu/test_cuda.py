@@ -198,7 +198,11 @@ def test_clipping_on_cuda_is_within_c_on_neighbouring_datasets(precision, clippi
     x = torch.randn(10, 3, 16, 16, generator=generator).to(CUDA)
     y = torch.randint(0, 10, (10,), generator=generator).to(CUDA)
     run = dpsgd_release(
-        model, max_grad_norm=1.0, precision=precision, physical_batch_size=4, clipping=clipping
+        model,
+        max_grad_norm=1.0,
+        precision=precision,
+        physical_batch_size=4,
+        grad_sample_mode=clipping,
     )
     report = check_sensitivity(run, (x, y), neighbours=3, scale=1e4, tolerance=1e-6)
     assert report.refusal is None, report.refusal

@@ -24,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from dpvision.mechanisms.clip_policy import FlatClip
 from dpvision.models.registry import build_model
-from dpvision.per_example import bookkeeping, reference
+from dpvision.per_example import bookkeeping, clip_terms, reference
 from dpvision.per_example.precision import exact_arithmetic
 from dpvision.testing import SensitivityReport, check_sensitivity, dpsgd_release
 
@@ -134,7 +134,7 @@ def _one_thread() -> Iterator[None]:
 def without_exact_arithmetic(monkeypatch: pytest.MonkeyPatch) -> None:
     """No exact arithmetic around the norms and the sums: for book-keeping, the code as it
     was before :mod:`~dpvision.per_example.precision`."""
-    for module in (bookkeeping, reference):
+    for module in (bookkeeping, clip_terms, reference):
         monkeypatch.setattr(
             module, "exact_arithmetic", lambda device=None: contextlib.nullcontext()
         )
@@ -177,7 +177,7 @@ def dpsgd_check(
     """One DP-SGD step (C = 1, noise off, physical batches of 4) on 10 examples and on
     neighbours with one example of norm 1e4 added, on the emulated TF32 GPU."""
     run = dpsgd_release(
-        model, max_grad_norm=1.0, precision=dtype, physical_batch_size=4, clipping=clipping
+        model, max_grad_norm=1.0, precision=dtype, physical_batch_size=4, grad_sample_mode=clipping
     )
     if autocast:  # the caller's own autocast around the step
         step = run

@@ -339,7 +339,6 @@ def dpsgd_release(
     its contiguous share of the batch and the sums are all-reduced before the release, as in
     ``dpvision train``.
     """
-
     loss = loss_fn or (lambda out, y: nn.functional.cross_entropy(out, y, reduction="none"))
 
     def run(data: Data) -> None:

@@ -127,7 +127,6 @@ def audit_config(
     """The config to audit and phase I's default sweep: the defaults of ``dpvision train`` <
     :data:`AUDIT_DEFAULTS` < the TOML file < flags < ``--set``. Keys the user set are not
     swept by default."""
-
     given = {".".join(parse_override(item)[0]) for item in sets}
     raw = load_toml(file) if file is not None else {}
     learner = raw.get("learner", {})
@@ -189,7 +188,6 @@ def run_audit(
       progress: show a progress bar on stderr.
       histogram: where to write the PNG of the phase-II canary losses (None: no plot).
     """
-
     start = time.perf_counter()
     if config.features.strip().startswith("precomputed"):
         raise DPVisionError(

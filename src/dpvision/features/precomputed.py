@@ -87,7 +87,6 @@ def load_feature_files(
         extractor must not have seen them (a model pre-trained on public data); dpvision
         cannot check how the files were made.
     """
-
     name = dataset.strip()
     if name.lower().startswith(PATH_PREFIXES) or not _NAME.fullmatch(name):
         raise DPVisionError(

@@ -1,6 +1,6 @@
-"""A one-line progress display on stderr for long extractions (no dependency on tqdm).
+r"""A one-line progress display on stderr for long extractions (no dependency on tqdm).
 
-The line is redrawn in place with ``\\r`` at most every ``interval`` seconds, and only when
+The line is redrawn in place with ``\r`` at most every ``interval`` seconds, and only when
 stderr is a terminal, so logs and captured output stay clean.
 """
 

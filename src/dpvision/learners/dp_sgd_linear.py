@@ -52,7 +52,8 @@ def clipped_gradient_sum(
     """Σᵢ clip(gᵢ, C) for the linear head, with gᵢ = eᵢ[xᵢ; 1]ᵀ, via one GEMM.
 
     Args:
-      x: (b, d) features; errors: (b, m) loss gradients eᵢ (scaled in place: overwritten).
+      x: (b, d) features.
+      errors: (b, m) loss gradients eᵢ (scaled in place: overwritten).
       clip_norm: C.
       fit_intercept: whether gᵢ includes the bias part eᵢ.
       sq_norms: ‖xᵢ‖² if already known (saves a pass over x).

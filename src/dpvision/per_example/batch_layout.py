@@ -139,8 +139,9 @@ def check_batch_layout(
       model: the model whose ``forward(*args, **kwargs)`` is probed (not modified: buffers
         are restored, the random generators forked).
       layers: (path, layer) of the layers whose per-example gradients are read from rows.
-      args, kwargs: one forward call; its first tensor holds the examples, ``views``
-        consecutive rows per example.
+      args: the positional arguments of one forward call; its first tensor holds the
+        examples, ``views`` consecutive rows per example.
+      kwargs: the keyword arguments of that call.
       views: K, the rows of one example.
     """
     batch = batch_tensor(args, kwargs)

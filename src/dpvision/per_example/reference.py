@@ -107,7 +107,8 @@ def functional_clipped_sum(
     Args:
       model: the module whose ``forward`` is called with ``params`` and ``buffers``.
       loss_fn: as in :func:`clipped_gradient_sum`.
-      params, buffers: the tensors to call ``model`` with (``torch.func.functional_call``).
+      params: the parameters to call ``model`` with (``torch.func.functional_call``).
+      buffers: the buffers to call it with.
       batch: (B, K, ...) inputs, K views per example (K = 1 without augmentation).
       targets: (B,) labels.
       keep: (B,) booleans; examples that are false contribute nothing (not sampled, padding).

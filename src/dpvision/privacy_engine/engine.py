@@ -149,6 +149,12 @@ class PrivacyEngine:
             [``min_clipbound``, ``max_clipbound``]), from a count released each step with
             noise ``unclipped_num_std`` (default: the expected batch size over 20); σ is
             split between the sum and the count, so each step stays one release of σ.
+          target_unclipped_quantile: adaptive clipping's γ (Opacus' names from here on;
+            defaults: :data:`~dpvision.mechanisms.clip_policy.ADAPTIVE_DEFAULTS`).
+          clipbound_learning_rate: adaptive clipping's η.
+          max_clipbound: the upper bound on C.
+          min_clipbound: the lower bound on C.
+          unclipped_num_std: σ_b of the unclipped count (None: the expected batch over 20).
           grad_sample_mode: accepted for Opacus code; the clipping is the same for all.
             (``dpvision train`` takes the same two names: ``learner.clipping``, the clip
             policy above, and ``learner.grad_sample_mode``, dpvision's own ``auto``,

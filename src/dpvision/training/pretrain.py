@@ -108,7 +108,6 @@ class _Images:
 
     def statistics(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """Per-channel mean and std of (up to 10 000 of) the synthetic images, in [0, 1]."""
-
         o = self.options
         sample = (
             self.stored[:10_000]
@@ -174,7 +173,6 @@ def pretrain(
 
     Privacy: reads synthetic images only; releases nothing about any private data.
     """
-
     start = time.perf_counter()
     seeds = _seeds(options.seed)
     images = _Images(options, seeds["images"], seeds["order"], quiet)

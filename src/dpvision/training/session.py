@@ -34,14 +34,14 @@ REPORT_EVERY = 30
 
 @dataclasses.dataclass
 class Session:
-    """The state of a pre-training run that a checkpoint holds.
+    r"""The state of a pre-training run that a checkpoint holds.
 
     Attributes:
       kind: the checkpoint's format name.
       what: how messages name the run (``"Phase I"``, ``"pre-training"``).
       settings: the options the checkpoint is tied to (a resume with others is refused).
       parts: what the checkpoint restores, by key: modules, optimizers and other objects
-        with ``state_dict``/``load_state_dict``, and ``torch.Generator``\\ s.
+        with ``state_dict``/``load_state_dict``, and ``torch.Generator``\ s.
       spread: keys of parts whose state's own keys sit at the top of the checkpoint.
       step, losses: steps done; the mean loss of every ``LOSS_WINDOW`` steps.
     """

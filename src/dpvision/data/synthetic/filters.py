@@ -1,5 +1,5 @@
 """``oriented-filters``: an untrained convolutional generator whose 3×3 filters come from a
-bank of oriented edges and lines (a simplified \"StyleGAN-oriented\")."""
+bank of oriented edges and lines (a simplified "StyleGAN-oriented")."""
 
 from __future__ import annotations
 

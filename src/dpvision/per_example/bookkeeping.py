@@ -321,7 +321,8 @@ def unclipped_mismatch(
         if not error <= allowed + 1e-6:
             return (
                 f"parameter {name} gets gradient from outside its layer's forward (e.g. "
-                f"F.linear(x, layer.weight)), which per-layer clipping cannot see"
+                f"F.linear(x, layer.weight)), which per-layer clipping cannot see, or its "
+                f"layer's rule gives per-example gradients that do not add up to its gradient"
             )
     return None
 

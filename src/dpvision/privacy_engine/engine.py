@@ -20,7 +20,7 @@ from dpvision.accounting.accountants import Accountant
 from dpvision.averaging import ParameterEMA
 from dpvision.errors import DPVisionError
 from dpvision.mechanisms import PoissonSampler
-from dpvision.mechanisms.clip_policy import CLIP_POLICIES, make_clip_policy
+from dpvision.mechanisms.clip_policy import CLIP_POLICIES, ClipPolicy, make_clip_policy
 from dpvision.mechanisms.gradient_release import GradientRelease, ReleaseContext
 from dpvision.mechanisms.noise import NoiseGenerator
 from dpvision.mechanisms.secret import SecretRandomness
@@ -199,10 +199,16 @@ class PrivacyEngine:
         criterion = _prepare_criterion(criterion, loss_reduction)
         _check_module(module, optimizer)
         sample_rate, num_examples = loader_sample_rate(data_loader)
+        release = GradientRelease(
+            noise_multiplier=noise_multiplier,
+            sample_rate=sample_rate,
+            expected_batch_size=sample_rate * num_examples,
+            normalize_update=normalize_update,
+        )
         policy = make_clip_policy(
             clipping,
             max_grad_norm,
-            expected_batch_size=sample_rate * num_examples,
+            expected_batch_size=release.expected_batch_size,
             model=module,
             target_unclipped_quantile=target_unclipped_quantile,
             clipbound_learning_rate=clipbound_learning_rate,
@@ -212,29 +218,16 @@ class PrivacyEngine:
         )
         policy.noise_multiplier(noise_multiplier)  # a σ the policy cannot split: refused now
         secret, call = self._prepare_secret(noise_generator, secret_seed)
-        tape = ActivationTape(module, mode="hooks")
-        tape.attach()
-        gate = OutputGate(loss_reduction)
         views = max(augmult, 1)
-        dp_optimizer = DPOptimizer(
+        dp_optimizer = self._prepare_optimizer(
             optimizer,
-            module=module,
-            tape=tape,
-            release=GradientRelease(
-                noise_multiplier=noise_multiplier,
-                sample_rate=sample_rate,
-                expected_batch_size=sample_rate * num_examples,
-                normalize_update=normalize_update,
-            ),
-            policy=policy,
-            context=ReleaseContext(
-                ledger=self.ledger,
-                generator=_noise_generator(noise_generator, secret, call, module),
-                ema=None if ema_decay is None else ParameterEMA(module, ema_decay),
-            ),
+            module,
+            release,
+            policy,
+            _noise_generator(noise_generator, secret, call, module),
+            ema_decay=ema_decay,
             views=views,
             loss_reduction=loss_reduction,
-            gate=gate,
         )
         private_loader = self._prepare_loader(
             data_loader,
@@ -245,10 +238,43 @@ class PrivacyEngine:
             augment_seed=_augment_seed(seed) if augmult > 0 else None,
         )
         self.optimizer = dp_optimizer
-        private = PrivateModule(module, tape, views, gate)
+        private = PrivateModule(module, dp_optimizer.tape, views, dp_optimizer.gate)
         if grad_sample_mode == "ghost":  # Opacus' ghost mode returns the criterion too
             return private, dp_optimizer, private.per_example_loss(criterion), private_loader
         return private, dp_optimizer, private_loader
+
+    def _prepare_optimizer(
+        self,
+        optimizer: torch.optim.Optimizer,
+        module: nn.Module,
+        release: GradientRelease,
+        policy: ClipPolicy,
+        generator: NoiseGenerator,
+        *,
+        ema_decay: float | None,
+        views: int,
+        loss_reduction: str,
+    ) -> DPOptimizer:
+        """The DP optimizer over ``module``, with the hooks that record its layers (attached
+        now) and the gate that verifies its loss; each step recorded in :attr:`ledger`."""
+        tape = ActivationTape(module, mode="hooks")
+        tape.attach()
+        context = ReleaseContext(
+            ledger=self.ledger,
+            generator=generator,
+            ema=None if ema_decay is None else ParameterEMA(module, ema_decay),
+        )
+        return DPOptimizer(
+            optimizer,
+            module=module,
+            tape=tape,
+            release=release,
+            policy=policy,
+            context=context,
+            views=views,
+            loss_reduction=loss_reduction,
+            gate=OutputGate(loss_reduction),
+        )
 
     def _prepare_secret(
         self, noise_generator: torch.Generator | None, secret_seed: int | None

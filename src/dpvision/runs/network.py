@@ -20,7 +20,7 @@ from dpvision.log import say
 from dpvision.mechanisms.secret import SecretRandomness
 from dpvision.models.encoder import load_into
 from dpvision.models.finetune import apply_finetune
-from dpvision.models.registry import build_network, is_external, prepare_for_dp
+from dpvision.models.registry import build_network, prepare_for_dp
 from dpvision.models.validation import validate_model
 from dpvision.models.weights import load_weights
 from dpvision.runs.saved import TrainedModel, privacy_of
@@ -79,7 +79,7 @@ def initial_model(
     this run's ledger) unless ``learner.init_allow_same_dataset`` is set.
     """
     shape = tuple(int(v) for v in data.train_x.shape[1:])
-    model = build_network(options.model, shape, data.num_classes, groups=options.groups)
+    model = build_network(options.spec, shape, data.num_classes, groups=options.groups)
     info: dict[str, Any] = {}
     if plan is not None:
         plan.head, _ = load_into(
@@ -94,7 +94,7 @@ def initial_model(
             "head_replaced": report.head_replaced,
             "trained_on": report.record.get("trained_on") or report.record.get("dataset"),
         }
-    if is_external(options.model):
+    if options.spec.external:
         model = prepare_for_dp(model, options.batchnorm_mode)
         info["batchnorm"] = options.batchnorm_mode
     else:

@@ -17,7 +17,7 @@ from dpvision.errors import DPVisionError
 from dpvision.features.cache import default_cache_dir
 from dpvision.log import say
 from dpvision.models.encoder import read_encoder
-from dpvision.models.registry import parse_model, wrn_groups
+from dpvision.models.registry import wrn_groups
 from dpvision.training.options import DPSGDOptions
 from dpvision.training.pretrain import pretrain
 from dpvision.training.pretrain_options import PretrainOptions
@@ -89,7 +89,7 @@ def _phase_one(
     (cached in the ``encoders`` folder of the feature cache, keyed by the options)."""
     if len(shape) != 3 or shape[1] != shape[2]:
         raise DPVisionError(f"Phase I makes square images; the dataset's are {shape}")
-    kind, _ = parse_model(options.model)
+    kind = options.spec.kind
     groups = wrn_groups(options.groups) if kind == "wrn" else options.groups
     pretrain_options = PretrainOptions.from_dict(
         {

@@ -21,6 +21,7 @@ resumes across the rename.
 """
 
 import dataclasses
+import functools
 import json
 import logging
 from collections.abc import Mapping
@@ -32,6 +33,7 @@ from dpvision.errors import DPVisionError
 from dpvision.mechanisms.clip_policy import CLIP_POLICIES
 from dpvision.models.finetune import FINETUNE_MODES
 from dpvision.models.registry import BATCHNORM_MODES, check_model
+from dpvision.models.spec import ModelSpec
 from dpvision.options import Choice, Interval, check, check_known, coerce, option, option_hints
 from dpvision.per_example import CLIPPING_METHODS
 
@@ -212,11 +214,17 @@ class DPSGDOptions:
         del out["performance"]
         return out
 
+    @functools.cached_property
+    def spec(self) -> ModelSpec:
+        """``model`` parsed once (:class:`~dpvision.models.ModelSpec`; after ``auto`` is
+        resolved), for every use in a run."""
+        return check_model(self.model)
+
     def validated(self) -> "DPSGDOptions":
         """The options if each is in its range (:func:`dpvision.options.check`) and they
         agree with each other; else a one-line error naming the first that does not."""
         if self.model != "auto":  # resolved from the image shape when the run starts
-            check_model(self.model)
+            _ = self.spec
         check(self, prefix="learner.")
         check(self.performance, prefix="learner.")
         if self.steps is None and self.epochs is None:

@@ -117,8 +117,8 @@ class AdaptiveClipping:
 
     def unclipped(self, norms: torch.Tensor) -> torch.Tensor:
         """The number of per-example norms at most C_t (exact and private: release it only
-        through :meth:`release`)."""
-        return (norms <= self.clip).sum().to(torch.float64).cpu()
+        through :meth:`release`), on the norms' device: no copy to the host per batch."""
+        return (norms <= self.clip).sum().to(torch.float64)
 
     def release(
         self,

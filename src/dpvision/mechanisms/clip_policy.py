@@ -22,6 +22,7 @@ clipped sum its sensitivity, the noise its multiplier, and the ledger its entry
 ('adaptive', 1.0, 1.0206)
 """
 
+import abc
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -154,38 +155,16 @@ class ClipPolicy(Protocol):
         ...
 
 
-def _record(
-    ledger: PrivacyLedger,
-    *,
-    noise_multiplier: float,
-    sample_rate: float,
-    l2_sensitivity: float,
-    released: str,
-    generator: NoiseGenerator,
-) -> None:
-    """One Poisson-sampled Gaussian step of the clipped sum (σ = 0: a non-private one)."""
-    if noise_multiplier > 0:
-        ledger.record(
-            noise_multiplier=noise_multiplier,
-            sample_rate=sample_rate,
-            l2_sensitivity=l2_sensitivity,
-            released=released,
-            noise_source=noise_source(generator),
-        )
-    else:
-        ledger.record_non_private(released=f"{released} without noise")
-
-
-class _Stateless:
+class _Stateless(abc.ABC):
     """What flat and per-layer clipping share: no private state between steps."""
 
     name: str
     adapted_clip: float | None = None  # fixed norms
 
     @property
+    @abc.abstractmethod
     def l2_sensitivity(self) -> float:
-        """The clip norms' joint bound (the subclass's)."""
-        raise NotImplementedError
+        """The clip norms' joint bound (each subclass states its own)."""
 
     def noise_multiplier(self, sigma: float) -> float:
         """σ itself: the clipped sum is the step's only release."""
@@ -193,9 +172,11 @@ class _Stateless:
 
     def observe(self, norms: torch.Tensor) -> None:
         """Nothing to take in."""
+        return None
 
     def discard(self) -> None:
         """Nothing to forget."""
+        return None
 
     def record(
         self,
@@ -214,14 +195,16 @@ class _Stateless:
           Releases nothing more; the entry is one Gaussian step of multiplier
           ``noise_multiplier`` at rate q, written after the noise was drawn.
         """
-        _record(
-            ledger,
-            noise_multiplier=noise_multiplier,
-            sample_rate=sample_rate,
-            l2_sensitivity=self.l2_sensitivity,
-            released=released,
-            generator=generator,
-        )
+        if noise_multiplier > 0:
+            ledger.record(
+                noise_multiplier=noise_multiplier,
+                sample_rate=sample_rate,
+                l2_sensitivity=self.l2_sensitivity,
+                released=released,
+                noise_source=noise_source(generator),
+            )
+        else:
+            ledger.record_non_private(released=f"{released} without noise")
 
     def state_dict(self) -> dict[str, Any]:
         """Nothing to keep."""
@@ -229,6 +212,7 @@ class _Stateless:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Nothing to restore."""
+        return None
 
 
 class FlatClip(_Stateless):
@@ -364,7 +348,7 @@ class AdaptiveClip:
 
     def observe(self, norms: torch.Tensor) -> None:
         """Adds the number of ``norms`` at most C_t to the step's count (exact, private)."""
-        self._count = self._count.to(norms.device) + self.adaptive.unclipped(norms).to(norms.device)
+        self._count = self._count.to(norms.device) + self.adaptive.unclipped(norms)
 
     def discard(self) -> None:
         """Forgets the count of an unfinished step."""

@@ -25,6 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dpvision.cli import main
+from model_file_cases import factory_model, recorded_as, write_factory
 
 HERE = Path(tempfile.mkdtemp(prefix="dpvision-fuzz-"))
 FILES = HERE / "files"  # inputs, made once
@@ -61,6 +62,10 @@ RUN = {
         'preprocessing.kind="private-norm"',
         "noequals",
         "=1",
+        "learner.model_args.img_size=8",
+        "learner.model_args=5",
+        "learner.model_args={num_classes=3}",
+        "learner.model_args.img_size=nan",
     ],
     "--config": ["files/good.toml", "files/bad.toml", "files", "files/missing.toml"],
 }
@@ -124,6 +129,13 @@ COMMANDS: dict[tuple[str, ...], dict[str, list[str | None]]] = {
     ("predict", "files/model.safetensors", "files/images.npy"): {"--out": ["out/p.csv", FOLDER]},
     ("predict", "files/bad.toml", "files/images.npy"): {"--out": ["out/p.csv"]},
     ("predict", "files/model.safetensors", "files/wrong.npy"): {"-q": [None]},
+    # Intact model files that need what is outside them (issue 39, item 5): a python:
+    # factory's file recorded absolute (loads from the fuzz's other working directory), the
+    # same file gone, the network recorded as a timm model (without timm here).
+    ("predict", "files/factory.safetensors", "files/images.npy"): {"--out": ["out/p.csv"]},
+    ("predict", "files/gone.safetensors", "files/images.npy"): {"--out": ["out/p.csv"]},
+    ("predict", "files/timm.safetensors", "files/images.npy"): {"--out": ["out/p.csv"]},
+    ("evaluate", "files/factory.safetensors"): {"--json": ["out/e.json", FOLDER]},
     ("evaluate", "files/model.safetensors"): {
         "--dataset": ["digits", "nope", "mnist"],
         "--json": ["out/e.json", FOLDER],
@@ -151,6 +163,14 @@ def setup_module() -> None:
     os.chdir(FILES)
     try:
         assert main(["train", "-q", "--json", "results/r.json", "--save", "model.safetensors"]) == 0
+        write_factory(FILES)
+        factory_model("python:net.py:Net", FILES / "factory.safetensors")
+        recorded_as(FILES / "factory.safetensors", FILES / "timm.safetensors", "timm:resnet18")
+        (FILES / "gone").mkdir(exist_ok=True)
+        os.chdir(FILES / "gone")
+        gone = write_factory(FILES / "gone")
+        factory_model("python:net.py:Net", FILES / "gone.safetensors")
+        gone.unlink()
     finally:
         os.chdir(cwd)
 
@@ -164,7 +184,7 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
     return code, out, err
 
 
-def _check(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+def _check(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
     work = HERE / "work"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir()
@@ -188,6 +208,7 @@ def _check(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     for path in written:
         if path.suffix == ".json":
             json.loads(path.read_text())  # complete, never half-written
+    return code, err
 
 
 def _argv(command: tuple[str, ...], draw: Callable[[Any], Any]) -> list[str]:
@@ -273,3 +294,53 @@ def test_malformed_model_files(content: bytes | None, command: str, capsys) -> N
         ["files/images.npy"] if command == "predict" else []
     )
     _check([*argv, "--out" if command == "predict" else "--json", "out/x"], capsys)
+
+
+def _one_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The one error line of a command that must be refused with exit code 2 (and, as
+    :func:`_check` asserts, no traceback and no output left behind)."""
+    code, err = _check(argv, capsys)
+    assert code == 2, (argv, err)
+    return err.strip().splitlines()[-1]
+
+
+def test_a_python_factory_model_file_predicts_from_another_directory(capsys) -> None:
+    _check(
+        ["predict", "files/factory.safetensors", "files/images.npy", "--out", "out/p.csv"], capsys
+    )
+    rows = (HERE / "work" / "out" / "p.csv").read_text().splitlines()
+    assert rows[0] == "input,label"
+    assert len(rows) == 4
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        ("gone", "gone/net.py is missing"),
+        ("timm", "needs timm (timm:resnet18), which is not installed; install the models extra"),
+    ],
+)
+def test_intact_model_files_name_what_is_missing(
+    model: str, expected: str, capsys, monkeypatch
+) -> None:
+    import dpvision.models.sources as sources
+
+    monkeypatch.setattr(sources, "is_installed", lambda package: package != "timm")
+    for command in (
+        ["predict", f"files/{model}.safetensors", "files/images.npy"],
+        ["evaluate", f"files/{model}.safetensors"],
+    ):
+        error = _one_error(
+            [*command, "--json" if command[0] == "evaluate" else "--out", "out/x"], capsys
+        )
+        assert expected in error, error
+        assert "damaged" not in error, error
+
+
+def test_a_model_that_cannot_take_the_images_names_both_fixes(capsys) -> None:
+    argv = ["train", "--method", "dp-sgd", "--json", "out/r.json", "--save", "out/m.safetensors"]
+    argv += ["--set", 'learner.model="python:files/net.py:Net"', "--set", "learner.steps=2"]
+    error = _one_error(argv, capsys)
+    assert "cannot take images of 8×8" in error, error
+    assert "set image_size" in error, error
+    assert "learner.model_args = {img_size = 8}" in error, error

@@ -34,6 +34,8 @@ JUSTIFIED = {
     "n_test": "test data, not private training data",
     "n_validation": "public by convention, as n: about validation_fraction · n",
     "num_features": "public: the feature extractor's output width, fixed by the config",
+    "input_shape": "public: the model's input shape (C, H, W): the dataset's image shape or "
+    "the feature maps', fixed by the config",
     "num_parameters": "public: the model architecture, fixed by the config",
     "num_trained_parameters": "public: the architecture and learner.finetune",
     "finetune": PUBLIC,

@@ -205,3 +205,76 @@ def test_setups_differ_by_training_length_and_name_precomputed_folders() -> None
     assert setup_label(run("dp-fc", "pixels", {})) == "dp-fc · pixels · E=10"  # the default
     assert setup_label(run("dp-newton", "pixels", {"iterations": 3})) == "dp-newton · pixels · E=3"
     assert setup_label(run("dp-ls", "pixels", {"epochs": 5})) == "dp-ls · pixels"
+
+
+def _recipe_config(path: Path) -> Path:
+    """A config of the default recipe (no method: ``auto``); the pixels keep it quick."""
+    lines = ['dataset = "digits"', 'features = "pixels"', 'accountant = "rdp"', "epsilon = 1.0"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_sweep_resumes_a_default_recipe_config_and_report_draws_it_as_one_curve(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The result records the config as the recipe resolved it; an identical rerun keeps
+    every run, a changed option reruns, and the recipe's per-ε epochs (5 at ε = 0.1, 10 at
+    ε = 0.5) do not split the config into two setups."""
+    config = _recipe_config(tmp_path / "recipe.toml")
+    out = tmp_path / "results"
+    sweep_args = ["sweep", "--config", str(config), "--epsilons", "0.1,0.5", "--out", str(out)]
+    assert main(sweep_args) == 0
+    first = capsys.readouterr()
+    assert first.err.count("test accuracy") == 2
+    files = sorted(out.glob("*.json"))
+    results = [json.loads(p.read_text()) for p in files]
+    assert [r["recipe"]["set"]["learner.epochs"] for r in results] == [5, 10]
+    assert all(r["recipe"]["set"]["method"] == "dp-sgd-linear" for r in results)
+    before = {p.name: p.stat().st_mtime_ns for p in files}
+
+    assert main(sweep_args) == 0
+    again = capsys.readouterr()
+    assert again.err.count("exists (same config), kept") == 2
+    assert "another config" not in again.err
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("*.json")} == before
+
+    # An option the config now sets itself is a different config: that run is redone.
+    changed = [*sweep_args[:4], "0.5", *sweep_args[5:], "--set", "learner.epochs=2"]
+    assert main(changed) == 0
+    err = capsys.readouterr().err
+    assert "recipe_eps0p5_seed0.json was made by another config (differs in: learner.epochs)" in err
+    assert (
+        json.loads((out / "recipe_eps0p5_seed0.json").read_text())["config"]["learner"]["epochs"]
+        == 2
+    )
+    # ... and a changed option the recipe fills in when left out is one too.
+    assert main([*sweep_args[:4], "0.1", *sweep_args[5:], "--set", "learner.batch_size=64"]) == 0
+    assert "differs in: learner.batch_size); rerunning" in capsys.readouterr().err
+
+    # The first sweep's results (recipe epochs 5 and 10): one setup, one curve of two points.
+    for path, result in zip(files, results, strict=True):
+        path.write_text(json.dumps(result))
+    summary = report(out, tmp_path / "report.md")
+    assert {row["setup"] for row in summary["rows"]} == {"dp-sgd-linear · pixels · default recipe"}
+    assert sorted(row["epsilon"] for row in summary["rows"]) == [0.1, 0.5]
+
+
+def test_a_recipe_run_with_the_epochs_set_keeps_them_in_its_setup() -> None:
+    from dpvision.report import setup_label
+
+    def run(learner: dict[str, object], chosen: dict[str, object]) -> dict[str, object]:
+        return {
+            "method": "dp-sgd-linear",
+            "features": "scatternet",
+            "config": {"learner": learner},
+            "recipe": {"default": "method" in chosen, "set": chosen},
+        }
+
+    recipe = {"method": "dp-sgd-linear", "learner.epochs": 20}
+    assert setup_label(run({"epochs": 20}, recipe)) == "dp-sgd-linear · scatternet · default recipe"
+    assert setup_label(run({"epochs": 40}, {**recipe, "learner.epochs": 40})) == (
+        "dp-sgd-linear · scatternet · default recipe"
+    )
+    own = setup_label(run({"epochs": 3}, {"method": "dp-sgd-linear"}))
+    assert own == "dp-sgd-linear · scatternet · default recipe · E=3"
+    assert setup_label(run({"epochs": 3}, {})) == "dp-sgd-linear · scatternet · E=3"

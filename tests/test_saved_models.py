@@ -17,6 +17,7 @@ from dpvision.data.inputs import DATASET_STATISTICS
 from dpvision.data.splits import validation_split
 from dpvision.errors import DPVisionError
 from dpvision.runs.train import fit
+from model_file_cases import factory_model, recorded_as, write_factory
 
 DPSGD = [
     'method="dp-sgd"',
@@ -218,3 +219,152 @@ def test_quiet_verbose_and_log_file(tmp_path: Path, capsys) -> None:
     code, out, err = _cli(capsys, "-v", "train", *fast)
     assert code == 0
     assert "[dpvision] dpvision " in err
+
+
+# --- class probabilities, model arguments, model files that travel (issue 39, items 4–6) ---
+
+
+@pytest.mark.parametrize(
+    "sets", [[], ['method="dp-newton"'], DPSGD], ids=["dp-ls", "dp-newton", "dp-sgd"]
+)
+def test_predict_proba_rows_sum_to_one_and_rank_as_predict(sets: list[str], tmp_path: Path) -> None:
+    _result, model = fit(resolve(None, {}, sets), quiet=True)
+    model.save(tmp_path / "m.safetensors")
+    loaded = dpvision.load_model(tmp_path / "m.safetensors")
+    images = load_dataset("digits").test_images[:50]
+    proba = loaded.predict_proba(images)
+    assert proba.shape == (50, 10)
+    assert proba.dtype == np.float64
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=0, atol=1e-12)
+    assert (proba >= 0).all()
+    np.testing.assert_array_equal(proba.argmax(axis=1), loaded.predict(images))
+    np.testing.assert_array_equal(proba, model.predict_proba(images))
+    # The softmax of the scores: the log-odds of two classes are their score difference.
+    scores = loaded.decision_function(images)
+    np.testing.assert_allclose(
+        np.log(proba[:, 1] / proba[:, 0]), scores[:, 1] - scores[:, 0], rtol=1e-9, atol=1e-9
+    )
+
+
+def test_learners_predict_proba_is_the_softmax_of_their_scores() -> None:
+    from dpvision.learners import DPLeastSquares
+
+    digits = load_dataset("digits")
+    x = digits.train_images.reshape(len(digits.train_images), -1) / 255.0
+    learner = DPLeastSquares(target_epsilon=1.0, num_classes=10, random_state=0)
+    learner.fit(x, digits.train_labels)
+    proba = learner.predict_proba(x[:20])
+    scores = learner.decision_function(x[:20])
+    expected = np.exp(scores - scores.max(1, keepdims=True))
+    np.testing.assert_allclose(proba, expected / expected.sum(1, keepdims=True), rtol=1e-12)
+    np.testing.assert_array_equal(proba.argmax(1), learner.predict(x[:20]))
+    # Large scores do not overflow.
+    learner.coef_ = learner.coef_ * 1e6
+    assert np.isfinite(learner.predict_proba(x[:20])).all()
+
+
+def test_a_python_factory_model_file_loads_from_any_directory(tmp_path: Path, monkeypatch) -> None:
+    work = tmp_path / "project"
+    work.mkdir()
+    write_factory(work)
+    monkeypatch.chdir(work)
+    saved = factory_model("python:net.py:Net", work / "m.safetensors")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    loaded = dpvision.load_model(work / "m.safetensors")
+    assert loaded.model_name == f"python:{work.resolve() / 'net.py'}:Net"
+    assert loaded.model_args == {"img_size": 8}  # the same architecture is rebuilt
+    images = load_dataset("digits").test_images[:5]
+    np.testing.assert_array_equal(loaded.decision_function(images), saved.decision_function(images))
+
+
+def test_a_model_file_whose_factory_file_is_gone_names_the_file(
+    tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    factory = write_factory(tmp_path)
+    factory_model("python:net.py:Net", tmp_path / "m.safetensors")
+    factory.unlink()
+    with pytest.raises(DPVisionError) as error:
+        dpvision.load_model(tmp_path / "m.safetensors")
+    message = str(error.value)
+    assert "damaged" not in message
+    assert f"the file {factory.resolve()} is missing" in message
+
+
+def test_a_timm_model_file_without_the_models_extra_names_it(tmp_path: Path, monkeypatch) -> None:
+    import dpvision.models.sources as sources
+
+    monkeypatch.chdir(tmp_path)
+    write_factory(tmp_path)
+    factory_model("python:net.py:Net", tmp_path / "m.safetensors")
+    recorded_as(tmp_path / "m.safetensors", tmp_path / "timm.safetensors", "timm:resnet18")
+    monkeypatch.setattr(sources, "is_installed", lambda package: package != "timm")
+    with pytest.raises(DPVisionError) as error:
+        dpvision.load_model(tmp_path / "timm.safetensors")
+    message = str(error.value)
+    assert "damaged" not in message
+    assert "needs timm (timm:resnet18)" in message
+    assert "pip install 'dpvision[models]'" in message
+
+
+def test_a_network_that_cannot_take_the_images_is_refused_naming_both_fixes(
+    tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    write_factory(tmp_path)
+    sets = ['method="dp-sgd"', 'learner.model="python:net.py:Net"', "learner.steps=2"]
+    with pytest.raises(DPVisionError) as error:
+        fit(resolve(None, {}, sets), quiet=True)
+    message = str(error.value)
+    assert "python:net.py:Net cannot take images of 8×8" in message
+    assert "doesn't match model (16)" in message
+    assert "set image_size" in message
+    assert "learner.model_args = {img_size = 8}" in message
+    # The fix it names works, and the argument reaches the saved model.
+    result, model = fit(resolve(None, {}, [*sets, "learner.model_args.img_size=8"]), quiet=True)
+    assert result["config"]["learner"]["model_args"] == {"img_size": 8}
+    model.save(tmp_path / "m.safetensors")
+    loaded = dpvision.load_model(tmp_path / "m.safetensors")
+    assert loaded.score(*_digits_test()) == result["test_accuracy"]
+
+
+def _digits_test() -> tuple[np.ndarray, np.ndarray]:
+    digits = load_dataset("digits")
+    return digits.test_images, digits.test_labels
+
+
+@pytest.mark.parametrize(
+    ("model_args", "model", "match"),
+    [
+        ("{img_size = 8}", "mlp-8", "mlp-8 takes none"),
+        ("{img_size = 8}", "auto", "set learner.model too"),
+        ("{num_classes = 3}", "python:net.py:Net", "model_args.num_classes is set by dpvision"),
+        ("{depth = nan}", "python:net.py:Net", "must be a number, string"),
+        ("{bogus = 1}", "python:net.py:Net", "takes no argument 'bogus'"),
+        ("5", "python:net.py:Net", "must be a table"),
+    ],
+)
+def test_bad_model_args_are_one_line_errors_before_any_work(
+    model_args: str, model: str, match: str, tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    write_factory(tmp_path)
+    sets = ['method="dp-sgd"', f'learner.model="{model}"', f"learner.model_args={model_args}"]
+    with pytest.raises(DPVisionError, match=match):
+        _resolve_and_fit(sets)
+
+
+def _resolve_and_fit(sets: list[str]) -> None:
+    fit(resolve(None, {}, sets), quiet=True)  # a factory's arguments are checked when built
+
+
+def test_model_args_of_an_older_run_settings_are_absent_when_empty() -> None:
+    from dpvision.training.options import DPSGDOptions
+
+    # Checkpoints written before learner.model_args existed still resume.
+    assert "model_args" not in DPSGDOptions.from_dict({"model": "mlp-8"}).run_settings()
+    assert DPSGDOptions.from_dict(
+        {"model": "python:torch.nn:Linear", "model_args": {"img_size": 32}}
+    ).run_settings()["model_args"] == {"img_size": 32}

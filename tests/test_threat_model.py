@@ -257,6 +257,7 @@ MODEL_DOCUMENT = {
     "pixel_std": "public: the dataset's published statistics or the encoder's",
     "input_shape": "public: the model's input shape",
     "model_name": "public: the config",
+    "model_args": "public: the config (learner.model_args)",
     "groups": "public: the config",
     "batchnorm": "public: the config",
     "privacy": "the result's privacy part: accounting of the ledger",

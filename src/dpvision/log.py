@@ -9,8 +9,11 @@ embedding dpvision can reconfigure the logger as any other.
 
 import logging
 import sys
+import time
+from types import TracebackType
+from typing import TextIO
 
-__all__ = ["configure", "logger", "progress", "say"]
+__all__ = ["LOG_INTERVAL", "Progress", "configure", "logger", "progress", "remaining", "say"]
 
 logger = logging.getLogger("dpvision")
 
@@ -59,6 +62,183 @@ def progress(done: int, total: int, seconds: float, first: int = 0) -> str:
     ``first`` (where this process started), extrapolated."""
     left = seconds / (done - first) * (total - done) if done > first else float("nan")
     return f"step {done}/{total}, {_duration(seconds)}, about {_duration(left)} left"
+
+
+def remaining(done: float, total: float, seconds: float) -> str:
+    """``about 4.2 min left`` after ``seconds`` for ``done`` of ``total`` (the rate so far,
+    extrapolated); ``""`` before anything is done."""
+    if done <= 0 or total <= done:
+        return ""
+    return f"about {_duration(seconds / done * (total - done))} left"
+
+
+LOG_INTERVAL = 10.0
+"""Seconds between two plain progress lines where stderr is not a terminal (a log file, a
+pipe, CI): tqdm redraws in place, which a log cannot show, so a line is logged instead."""
+
+
+class Progress:
+    r"""Progress of one long phase on stderr: ``desc: done/total unit (pct) 12 s, about
+    48 s left``.
+
+    On a terminal the line is redrawn in place (``\r``) at most every ``interval``
+    seconds. Elsewhere (a log file, ``2>&1 | tee``, CI) a plain line goes through the
+    ``dpvision`` logger at the start of the phase, then at most every ``log_interval``
+    seconds and at its end (when it took a second or more), as scikit-learn's and Opacus's
+    progress is logged: the first line comes when the phase starts, and ``-q`` silences it
+    (on a terminal too).
+
+    Use it as a context manager; the last state is shown on exit.
+
+    >>> with Progress(10, "demo", enabled=False) as bar:
+    ...     bar.update(4)
+    ...     bar.done
+    4
+
+    Args:
+        total: Amount of work expected (items, or any additive measure of work).
+        desc: Label shown before the counts.
+        unit: Name of one item.
+        enabled: ``False`` turns the display off entirely.
+        stream: Where to draw; defaults to ``sys.stderr`` (read when the bar is created).
+          A stream that is not a terminal gets the plain lines written to it directly.
+        interval: Minimum seconds between two redraws on a terminal.
+        log_interval: Minimum seconds between two plain lines (default
+          :data:`LOG_INTERVAL`).
+        counts: ``False`` shows the percentage only (``total`` is then a measure of work,
+          such as an estimate of floating-point operations, not a count to print).
+        expected_seconds: an estimate of the whole phase's time, which the time left is
+          taken from until a quarter of the work is done (the rate of the first, often
+          cheaper, steps extrapolates badly).
+
+    Privacy:
+        Prints the counts it is given and the time: callers pass public quantities only
+        (the number of runs of an audit or a sweep, batches of public size, the work of a
+        fit of public shape), never a statistic of private data.
+    """
+
+    open_bars = 0
+    """Bars shown at the moment (a phase inside another's shows its own only when long)."""
+
+    def __init__(
+        self,
+        total: float,
+        desc: str,
+        *,
+        unit: str = "images",
+        enabled: bool = True,
+        stream: TextIO | None = None,
+        interval: float = 0.2,
+        log_interval: float | None = None,
+        counts: bool = True,
+        expected_seconds: float | None = None,
+    ) -> None:
+        self.total = total
+        self.desc = desc
+        self.unit = unit
+        self.counts = counts
+        self.expected_seconds = expected_seconds
+        self._stream = stream
+        self.stream: TextIO = stream if stream is not None else sys.stderr
+        self.interval = float(interval)
+        self.log_interval = float(LOG_INTERVAL if log_interval is None else log_interval)
+        self.done: float = 0
+        self._start = time.monotonic()
+        self._last_draw = -float("inf")
+        self._drawn = False
+        self._logged = False
+        self._logged_done: float = -1
+        self._counted = False
+        self._tty = _is_tty(self.stream)
+        shown = _console.level <= logging.INFO or (stream is not None and not self._tty)
+        self.enabled = bool(enabled) and shown
+
+    def __enter__(self) -> "Progress":
+        """Starts the clock and shows the empty bar (the phase's first line)."""
+        self._start = time.monotonic()
+        if self.enabled:
+            Progress.open_bars += 1
+            self._counted = True
+        self._draw(force=True)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """Shows the final state and ends the line."""
+        self.close()
+
+    def update(self, count: float) -> None:
+        """Records ``count`` more work done and shows it if its interval has passed."""
+        self.done += count
+        self._draw(force=self._tty and self.done >= self.total)
+
+    def close(self) -> None:
+        """Shows the last state (once): a terminal's line ends with a newline, a log gets a
+        last line when it had one before."""
+        if self.enabled and self._tty and self._drawn:
+            self._draw(force=True)
+            self.stream.write("\n")
+            self.stream.flush()
+            self._drawn = False
+        if self._counted:
+            Progress.open_bars -= 1
+            self._counted = False
+        if (
+            self.enabled
+            and not self._tty
+            and self._logged
+            and self._logged_done != self.done  # the last state is not shown yet
+            and time.monotonic() - self._start >= 1.0  # a phase under a second needs none
+        ):
+            self._draw(force=True)
+        self.enabled = False
+
+    def render(self) -> str:
+        """The text of the progress line for the current state."""
+        elapsed = time.monotonic() - self._start
+        pct = 100.0 * self.done / self.total if self.total > 0 else 100.0
+        if self.counts:
+            text = f"{self.desc}: {self.done:g}/{self.total:g} {self.unit} ({pct:3.0f}%) "
+        else:
+            text = f"{self.desc}: {min(pct, 100.0):3.0f}%, "
+        text += _duration(elapsed)
+        left = remaining(self.done, self.total, elapsed)
+        fraction = self.done / self.total if self.total > 0 else 1.0
+        if self.expected_seconds is not None and fraction < 0.25:
+            left = f"about {_duration(self.expected_seconds * (1 - fraction))} left"
+        return f"{text}, {left}" if left else text
+
+    def _draw(self, *, force: bool = False) -> None:
+        """Redraws the line in place (terminal) or logs a line, if enabled and due."""
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not force and now - self._last_draw < (
+            self.interval if self._tty else self.log_interval
+        ):
+            return
+        self._last_draw = now
+        if self._tty:
+            self.stream.write("\r" + self.render() + "\x1b[K")
+            self.stream.flush()
+            self._drawn = True
+        elif self._stream is not None:
+            print(f"[dpvision] {self.render()}", file=self._stream, flush=True)
+        else:
+            logger.info(self.render())
+        self._logged, self._logged_done = not self._tty, self.done
+
+
+def _is_tty(stream: TextIO) -> bool:
+    """Whether ``stream`` is an interactive terminal (False if it cannot tell)."""
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 def _duration(seconds: float) -> str:

@@ -23,16 +23,21 @@ nothing touches private training data.
 """
 
 # local imports: start-up time (heavy modules are imported in the functions using them)
+import dataclasses
 import json
 import math
 import statistics
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dpvision.errors import DPVisionError
-from dpvision.log import say
+from dpvision.log import remaining, say
+
+if TYPE_CHECKING:
+    from dpvision.config import TrainConfig
 
 #: Relative slack when comparing a reported ε with its target (float printing only).
 EPSILON_SLACK = 1e-9
@@ -93,17 +98,22 @@ def sweep(
     ]
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    for file, epsilon, seed, config in planned:
+    ran, seconds = 0, 0.0  # runs trained here and their time, for the time left
+    for index, (file, epsilon, seed, config) in enumerate(planned, 1):
         name = f"{Path(file).stem}_eps{_format_epsilon(epsilon)}_seed{seed}.json"
         path = folder / name
         written.append(path)
-        stale = _stale(path, config.to_dict())
+        stale = _stale(path, config)
         if stale is None:
             say(f"{name} exists (same config), kept", quiet)
             continue
         if stale:
             say(f"{name} was made by another config (differs in: {stale}); rerunning", quiet)
+        left = remaining(ran, ran + len(planned) - index + 1, seconds)
+        say(f"run {index}/{len(planned)} ({name}){': ' + left if left else ''}", quiet)
+        clock = time.monotonic()
         result = run_training(config, quiet=True)
+        ran, seconds = ran + 1, seconds + time.monotonic() - clock
         result["sweep_config"] = str(file)
         write_json_atomic(path, result)
         say(
@@ -113,9 +123,15 @@ def sweep(
     return written
 
 
-def _stale(path: Path, config: dict[str, Any]) -> str | None:
+def _stale(path: Path, config: "TrainConfig") -> str | None:
     """None when ``path`` holds a result of exactly ``config`` (where the data files are
-    aside); else what differs ("" when there is no readable result)."""
+    aside); else what differs ("" when there is no readable result).
+
+    The result records the config its run resolved, the default recipe's choices filled in
+    (``method``, ``features``, ``preprocessing``, the schedule); ``config`` is compared with
+    it after the same choices, as the result's ``recipe.set`` records them, are filled into
+    what ``config`` leaves ``auto`` (:func:`_with_recipe`).
+    """
     from dpvision.fileio import differing_keys
 
     try:
@@ -124,9 +140,54 @@ def _stale(path: Path, config: dict[str, Any]) -> str | None:
         return ""
     if not isinstance(kept, dict) or not isinstance(kept.get("config"), dict):
         return ""
-    ours = json.loads(json.dumps(config))  # inf, tuples: as they read back from JSON
+    recipe = kept.get("recipe")
+    chosen = recipe.get("set") if isinstance(recipe, dict) else None
+    try:
+        resolved = _with_recipe(config, chosen if isinstance(chosen, dict) else {})
+    except (DPVisionError, TypeError, ValueError):  # a garbled recipe entry: not this config's
+        resolved = config
+    ours = json.loads(json.dumps(resolved.to_dict()))  # inf, tuples: as they read back from JSON
     differ = [k for k in differing_keys(ours, kept["config"]) if k != "data_dir"]
     return ", ".join(differ) if differ else None
+
+
+def _with_recipe(config: "TrainConfig", chosen: dict[str, Any]) -> "TrainConfig":
+    """``config`` with the default recipe's recorded choices (a result's ``recipe.set``:
+    ``method``, ``features``, ``preprocessing``, ``learner.KEY``) filled in, each only where
+    ``config`` leaves it to the recipe, as :func:`dpvision.runs.auto.apply_recipe` fills
+    them: an option ``config`` sets itself keeps its value (and so differs when the kept
+    run's differs). Reads no data."""
+    from dpvision.config import validate
+    from dpvision.recipes import AUTO
+
+    if not chosen:
+        return config
+    method, features, pre = config.method, config.features, config.preprocessing
+    learner = dict(config.learner)
+    if config.features == AUTO and isinstance(chosen.get("features"), str):
+        features = chosen["features"]
+    if config.preprocessing.kind == AUTO and isinstance(chosen.get("preprocessing"), dict):
+        pre = dataclasses.replace(pre, **chosen["preprocessing"])
+    if config.method == AUTO and isinstance(chosen.get("method"), str):
+        method = chosen["method"]
+        for key, value in chosen.items():
+            option = key.removeprefix("learner.")
+            if key.startswith("learner.") and option != "model" and option not in learner:
+                learner[option] = value
+    if learner.get("model", AUTO) == AUTO and "learner.model" in chosen:
+        learner["model"] = chosen["learner.model"]
+    if (method, features, pre, learner) == (
+        config.method,
+        config.features,
+        config.preprocessing,
+        config.learner,
+    ):
+        return config
+    return validate(
+        dataclasses.replace(
+            config, method=method, features=features, preprocessing=pre, learner=learner
+        )
+    )
 
 
 # --- report ------------------------------------------------------------------------------
@@ -164,6 +225,10 @@ def setup_label(result: dict[str, Any]) -> str:
     iterative feature learners, the number of epochs (e.g. ``dp-sgd · pixels · tanh-cnn ·
     K=4``, ``dp-fc · vit-b16-i21k · E=10``). Runs with the same label are one setup.
 
+    A run of the default recipe (``method = "auto"``) is labelled ``default recipe``, and the
+    number of epochs is shown only where the config set it: the recipe chooses it per ε
+    (the result's ``recipe.set``), so one recipe config is one setup, one curve.
+
     Precomputed features are named by their folder (``precomputed:path=features/cifar10/
     vit-b16-i21k`` is ``vit-b16-i21k``)."""
     features = str(result.get("features", "pixels"))
@@ -173,10 +238,15 @@ def setup_label(result: dict[str, Any]) -> str:
     if result.get("model"):
         label += f" · {result['model']}"
     learner = result["config"].get("learner") or {}
+    recipe = result.get("recipe")
+    chosen = recipe.get("set") if isinstance(recipe, dict) else None
+    chosen = chosen if isinstance(chosen, dict) else {}
+    if "method" in chosen:
+        label += " · default recipe"
     if learner.get("augmult", 0):
         label += f" · K={learner['augmult']}"
     option = _LENGTH_OPTION.get(result["method"])
-    if option is not None:
+    if option is not None and f"learner.{option}" not in chosen:
         from dpvision.learners import LEARNERS
 
         length = learner.get(option, LEARNERS[result["method"]]().get_params()[option])
@@ -310,9 +380,9 @@ def report(
                     paper = 100 * accuracy
             for run in runs:
                 reference = run["config"].get("reference") or {}
-                at = reference.get("epsilon")
+                published_at = reference.get("epsilon")
                 if reference.get("accuracy") is not None and (
-                    at is None or _same_epsilon(float(at), epsilon)
+                    published_at is None or _same_epsilon(float(published_at), epsilon)
                 ):
                     paper = 100 * float(reference["accuracy"])
             run_problems = [(r["_file"], f) for r in runs for f in run_flags(r)]
@@ -396,7 +466,7 @@ def plot_history(dataset: str, results: list[dict[str, Any]], path: Path) -> Non
     from dpvision.fileio import atomic_open
 
     figure, axes = plt.subplots(figsize=(8, 5), dpi=120)
-    splits = set()
+    splits: set[str] = set()
     for result in sorted(results, key=lambda r: r["_file"]):
         points = _history(result)
         splits.update(s for *_, s in points)

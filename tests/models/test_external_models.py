@@ -173,3 +173,140 @@ def test_dpvision_train_fine_tunes_a_timm_resnet18_from_safetensors(tmp_path, ca
     for name, value in network.state_dict().items():
         if not name.startswith("fc."):
             assert torch.equal(value, start[name]), name  # frozen: bit-identical
+
+
+def _vit_run(tmp_path: Path, *sets: str) -> list[str]:
+    data = _write_npz(tmp_path / "small.npz")
+    argv = ["train", "--dataset", f"npz:{data}", "--method", "dp-sgd", "--epsilon", "1"]
+    argv += ["--set", "num_classes=10", "--set", "learner.model=timm:vit_tiny_patch16_224"]
+    for item in ("learner.steps=2", "learner.batch_size=16", *sets):
+        argv += ["--set", item]
+    return argv
+
+
+def test_a_timm_vit_is_refused_on_32px_images_naming_both_fixes(tmp_path, capsys):
+    """Without ``image_size`` the images are brought to timm's 224×224; kept at 32×32, the
+    ViT cannot take them, and one line says so before any training step (was: timm's
+    traceback from inside the first step)."""
+    from dpvision.cli import main
+
+    code = main([*_vit_run(tmp_path, "image_size=32"), "--json", str(tmp_path / "r.json")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "Traceback" not in err
+    line = err.strip().splitlines()[-1]
+    assert "timm:vit_tiny_patch16_224 takes 224×224 images, these are 32×32" in line
+    assert "set image_size = 224, or give learner.model_args = {img_size = 32}" in line
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_dpvision_train_fine_tunes_a_timm_vit_at_img_size_32(tmp_path, capsys):
+    """Issue 39's acceptance: a timm ViT fine-tuned from the CLI at ``img_size = 32``, from
+    a random-weight checkpoint of the same architecture, saved and loaded again."""
+    from dpvision.cli import main
+    from dpvision.runs.saved import load_model
+
+    torch.manual_seed(5)
+    source = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32)
+    weights = _save(source.eval(), tmp_path / "vit32.safetensors")
+    argv = _vit_run(tmp_path, "learner.model_args={img_size=32}", f"learner.init={weights}")
+    argv += ["--json", str(tmp_path / "r.json"), "--save", str(tmp_path / "m.safetensors")]
+    code = main(argv)
+    assert code == 0, capsys.readouterr().err
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["config"]["learner"]["model_args"] == {"img_size": 32}
+    assert result["init"]["head_replaced"] is True  # 1000 ImageNet classes → 10
+    assert result["epsilon"] <= 1
+    model = load_model(tmp_path / "m.safetensors")
+    assert model.model_args == {"img_size": 32}  # the same architecture is rebuilt
+    images = np.load(tmp_path / "small.npz")["x_test"][:4]
+    proba = model.predict_proba(images)
+    assert proba.shape == (4, 10)
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0, atol=1e-12)
+    assert model.score(images, np.arange(100, 104) % 10) == pytest.approx(
+        float((proba.argmax(1) == np.arange(100, 104) % 10).mean())
+    )
+
+
+# --- image geometry (issue 39, item 3: helper A's additions) -------------------------------
+
+
+@pytest.mark.parametrize("crop_mode", ["center", "squash", "border"])
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("size", [(64, 64), (48, 64)])
+def test_the_image_geometry_gives_timms_eval_transform(crop_mode, interpolation, size):
+    """``image_size``/``crop_mode``/``crop_pct``/``interpolation`` mean what timm's
+    ``create_transform`` (evaluation) does with them, pixel for pixel (border: timm pads with
+    the model's mean pixel, dpvision with black: the mean is 0 here)."""
+    from PIL import Image
+    from timm.data import create_transform
+
+    from dpvision.data.resize import ImageGeometry
+
+    geometry = ImageGeometry(size, crop_mode=crop_mode, crop_pct=0.875, interpolation=interpolation)
+    transform = create_transform(
+        size if size[0] != size[1] else size[0],
+        is_training=False,
+        crop_pct=0.875,
+        crop_mode=crop_mode,
+        interpolation=interpolation,
+        mean=(0.0, 0.0, 0.0),
+        std=(1.0, 1.0, 1.0),
+        normalize=False,
+    )
+    rng = np.random.default_rng(0)
+    for shape in ((90, 130, 3), (131, 77, 3), (40, 40, 3)):
+        image = Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8))
+        expected = transform(image).permute(1, 2, 0).numpy()
+        np.testing.assert_array_equal(np.asarray(geometry.apply(image)), expected)
+
+
+def test_a_timm_vit_without_image_size_takes_its_pretrained_cfg():
+    from dpvision.config import resolve
+
+    vit = {"method": "dp-sgd", "learner": {"model": "timm:vit_tiny_patch16_224"}}
+    config = resolve(overrides=vit)
+    assert (config.image_size, config.crop_pct, config.crop_mode, config.interpolation) == (
+        224,
+        0.9,
+        "center",
+        "bicubic",
+    )
+    assert config.geometry is not None
+    assert config.geometry.size == (224, 224)
+    given = resolve(overrides=vit, sets=["learner.model_args={img_size=32}"])
+    assert given.image_size == 32
+    assert given.crop_pct == 1.0
+    mine = resolve(overrides=vit, sets=["image_size=[96, 128]", "interpolation=nearest"])
+    assert (mine.image_size, mine.interpolation) == ((96, 128), "nearest")  # the user's
+    convnet = resolve(overrides={"method": "dp-sgd", "learner": {"model": "timm:resnet18"}})
+    assert convnet.image_size is None  # any input size: the images keep theirs
+
+
+def test_dpvision_train_fine_tunes_a_timm_vit_resized_to_224(tmp_path, capsys):
+    """Issue 39's acceptance: a timm ViT fine-tuned from the CLI on 32×32 images, resized to
+    224 by its pretrained_cfg (no image_size given), saved, and applied by predict."""
+    from dpvision.cli import main
+    from dpvision.runs.saved import load_model
+
+    rng = np.random.default_rng(0)
+    images, labels = rng.integers(0, 256, (10, 32, 32, 3), dtype=np.uint8), np.arange(10) % 2
+    data = tmp_path / "tiny.npz"
+    np.savez(data, x_train=images[:8], y_train=labels[:8], x_test=images[8:], y_test=labels[8:])
+    argv = ["train", "--dataset", f"npz:{data}", "--method", "dp-sgd"]
+    for item in ("noise_multiplier=1", "num_classes=2", "learner.model=timm:vit_tiny_patch16_224"):
+        argv += ["--set", item]
+    for item in ("learner.steps=1", "learner.batch_size=4", "learner.eval_every=0"):
+        argv += ["--set", item]
+    argv += ["--json", str(tmp_path / "r.json"), "--save", str(tmp_path / "m.safetensors")]
+    code = main(argv)
+    assert code == 0, capsys.readouterr().err
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert result["config"]["image_size"] == 224
+    assert result["config"]["interpolation"] == "bicubic"
+    model = load_model(tmp_path / "m.safetensors")
+    assert model.image_shape == (224, 224, 3)
+    np.save(tmp_path / "new.npy", images[8:])  # 32×32
+    capsys.readouterr()
+    assert main(["predict", str(tmp_path / "m.safetensors"), str(tmp_path / "new.npy")]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 3  # resized as in training

@@ -147,9 +147,10 @@ def test_neither_k_nor_the_draws_nor_timings_are_published(tmp_path, capsys, mon
     assert str(secret).encode() not in blob
     assert secret.to_bytes(8, "little") not in blob
     progress = [line for line in printed.err.splitlines() if line.startswith("[dpvision]")]
-    assert len(progress) == 2, printed.err  # one line before the search, one after
+    # one line before the search, the score-noise warning (139 validation digits), one after
+    assert len(progress) == 3, printed.err
     winner = result["selected"]["candidate"]
-    assert f"selected candidate {winner} (" in progress[1]
+    assert f"selected candidate {winner} (" in progress[-1]
     loser = f"candidate {1 - winner} (learner"  # drawn too, never to be named
     for words in (f"K = {len(drawn)}", "run 1/", f"{len(drawn)} runs", loser):
         assert words not in printed.err + printed.out + log.read_text()
@@ -180,7 +181,7 @@ def test_the_published_search_is_the_same_whatever_k_the_coins_draw(monkeypatch,
     assert _keys(results[1]) == _keys(results[4])
     assert set(results[0]) < set(results[1])
     assert lines[0][0] == lines[1][0] == lines[4][0]
-    assert [len(lines[runs]) for runs in (0, 1, 4)] == [2, 2, 2], lines
+    assert [len(lines[runs]) for runs in (0, 1, 4)] == [3, 3, 3], lines  # plan, warning, end
     assert not any("warning of one run" in line for line in lines[1] + lines[4])
 
 

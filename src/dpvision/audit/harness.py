@@ -32,7 +32,10 @@ from dpvision.audit.statistics import (
 from dpvision.audit.targets import AuditTarget, make_target
 from dpvision.config import TrainConfig, load_toml, override, parse_override, resolve
 from dpvision.errors import DPVisionError
-from dpvision.features import Progress
+from dpvision.features import Progress, feature_shape, parse_feature_spec
+from dpvision.learners import LEARNERS, DPLinearClassifier
+from dpvision.learners.memory import WARN_SECONDS, fits, gigabytes
+from dpvision.log import logger, say
 from dpvision.recipes import AUTO
 from dpvision.runs.auto import apply_recipe
 
@@ -132,16 +135,97 @@ def audit_config(
     learner = raw.get("learner", {})
     given |= {f"learner.{key}" for key in (learner if isinstance(learner, dict) else {})}
     method = resolve(file, flags, list(sets)).method
-    if method == AUTO:  # an audit trains thousands of times: DP-LS on pixels, not the recipe
-        method, sets = "dp-ls", ["method='dp-ls'", *sets]
+    auto, chosen = method == AUTO, list(sets)
+    if auto:  # an audit trains thousands of times: DP-LS on pixels, not the recipe
+        method, chosen = "dp-ls", ["method='dp-ls'", *sets]
+    config = _audited(file, flags, chosen, given, method)
+    if auto and not config.features.strip().startswith("precomputed"):  # refused later
+        learner, d = _learner(config, config.load_dataset())
+        # |D| is the audit's (default 100) plus a canary; n matters little next to d².
+        footprint = learner.footprint(101, d, noisy=not config.noise_off)
+        if not fits(footprint, str(config.placement.device)):
+            # The d×d matrices of DP-LS would not fit: the audit of ``auto`` trains the
+            # recipe's method, whose memory is linear in d, instead.
+            assert footprint is not None
+            say(
+                f"audit: DP-LS on {d} features would need {gigabytes(footprint.bytes)}; "
+                "auditing dp-sgd-linear (memory linear in d) instead"
+            )
+            method = "dp-sgd-linear"
+            config = _audited(file, flags, ["method='dp-sgd-linear'", *sets], given, method)
+    sweep = tuple((k, v) for k, v in DEFAULT_SWEEPS.get(method, ()) if k not in given)
+    return config, sweep
+
+
+def _audited(
+    file: str | Path | None,
+    flags: dict[str, Any],
+    sets: Sequence[str],
+    given: set[str],
+    method: str,
+) -> TrainConfig:
+    """The config of ``method`` with the audit's defaults for what the user did not set."""
     defaults = [
         item
         for item in AUDIT_DEFAULTS.get(method, ())
         if ".".join(parse_override(item)[0]) not in given
     ]
     config, _ = apply_recipe(resolve(file, flags, [*defaults, *sets]))
-    sweep = tuple((k, v) for k, v in DEFAULT_SWEEPS.get(method, ()) if k not in given)
-    return config, sweep
+    return config
+
+
+def _learner(config: TrainConfig, dataset: Any) -> tuple[DPLinearClassifier, int]:
+    """The feature learner ``config`` trains (unfitted) and d, its number of features,
+    from the image shape (public): what :func:`check_audit_resources` estimates."""
+    spec = parse_feature_spec(config.features)
+    d = int(np.prod(feature_shape(tuple(dataset.train_images.shape[1:]), spec)))
+    learner = LEARNERS[config.method](
+        num_classes=dataset.num_classes, device=str(config.placement.device), **config.learner
+    )
+    return learner, d
+
+
+def audit_trainings(settings: AuditSettings) -> int:
+    """How many models an audit trains: phase I's runs per side for every candidate (when
+    there are several), phase II's runs per side, and one calibration fit per target of a
+    feature learner. Public: a function of the settings alone."""
+    candidates = len(settings.candidates())
+    phase1 = 2 * settings.phase1_runs * candidates + candidates if candidates > 1 else 0
+    return phase1 + 2 * settings.runs + 1
+
+
+def check_audit_resources(config: TrainConfig, dataset: Any, settings: AuditSettings) -> float:
+    """Refuses an audit of a feature learner whose d×d matrices do not fit in memory, before
+    any feature is extracted, and warns when all its trainings together will be long.
+    Returns the estimated seconds of all the fits (0 where not estimated: dp-sgd, whose
+    memory is bounded by its chunks of runs).
+
+    Raises:
+      DPVisionError: as :meth:`~dpvision.learners.DPLinearClassifier.check_resources`.
+    """
+    if config.method not in LEARNERS:
+        return 0.0
+    n = settings.dataset_size + 1
+    learner, d = _learner(config, dataset)
+    per_fit = learner.check_resources(n, d, noisy=not config.noise_off)
+    trainings = audit_trainings(settings)
+    total = per_fit * trainings
+    if total > WARN_SECONDS:
+        logger.warning(
+            f"audit: {trainings} trainings of {config.method} on {d} features, about "
+            f"{_seconds(per_fit)} each: about {_seconds(total)} in all (fewer --runs or "
+            "--phase1-runs, --sweep none, a single --canary, fewer features, or "
+            "--set method='dp-sgd-linear' take less)"
+        )
+    return total
+
+
+def _seconds(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s" if seconds < 10 else f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def parse_sweep(items: Sequence[str]) -> tuple[tuple[str, tuple[Any, ...]], ...]:
@@ -198,6 +282,7 @@ def run_audit(
     config = dataclasses.replace(config, delta=delta)
     dataset = config.load_dataset()
     candidates = settings.candidates()
+    check_audit_resources(config, dataset, settings)
 
     def target_for(canary: str, items: tuple[str, ...]) -> AuditTarget:
         data = make_audit_data(
@@ -235,8 +320,8 @@ def run_audit(
         best = 0
     canary, items = candidates[best]
     started = time.perf_counter()
-    target = target_for(canary, items)
     with Progress(2 * settings.runs, desc="audit phase II", unit="models", enabled=progress) as bar:
+        target = target_for(canary, items)
         out = target.canary_losses(False, settings.runs, _seed(settings, 2, 0), bar.update)
         inside = target.canary_losses(True, settings.runs, _seed(settings, 2, 0), bar.update)
     phase2_seconds = time.perf_counter() - started

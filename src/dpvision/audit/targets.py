@@ -301,7 +301,7 @@ class DPSGDTarget(AuditTarget):
         self.sigma = noise_multiplier_for(config, self.sample_rate, self.steps, PrivacyLedger())
         torch.manual_seed(run_seeds(config.seed)["init"])
         self.model = build_model(
-            options.model, tuple(self.inputs.shape[1:]), data.num_classes, groups=options.groups
+            options.spec, tuple(self.inputs.shape[1:]), data.num_classes, groups=options.groups
         ).to(device)
         self.init = {k: v.detach().clone() for k, v in self.model.named_parameters()}
         self.policy = make_clip_policy(

@@ -27,7 +27,12 @@ def add_parser(commands: Any) -> None:
     clear = actions.add_parser(
         "clear", help="delete feature-cache entries (and, with --datasets, downloaded datasets)"
     )
-    clear.add_argument("--dataset", metavar="NAME", help="only entries of this dataset")
+    clear.add_argument(
+        "--dataset",
+        metavar="NAME",
+        help="only entries of this dataset (a name, or npz:PATH, npy:PATH, imagefolder:PATH: "
+        "the same file or folder, its path given relative or absolute)",
+    )
     clear.add_argument(
         "--older-than",
         type=positive_float,
@@ -51,6 +56,21 @@ def _age(modified: float) -> str:
     return f"{days * 24:.0f} h" if days < 2 else f"{days:.0f} d"
 
 
+def _print_table(rows: list[list[str]], right: tuple[int, ...] = ()) -> None:
+    """Prints ``rows`` indented, each column as wide as its widest cell (a long dataset
+    name or spec widens its column rather than shifting the rest of its row); the columns
+    in ``right`` are right-aligned, the last column is not padded."""
+    if not rows:
+        return
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        cells = [
+            cell if i == len(row) - 1 else cell.rjust(w) if i in right else cell.ljust(w)
+            for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        print("  " + "  ".join(cells).rstrip())
+
+
 def _downloads() -> list[tuple[str, Any, int, float]]:
     from dpvision.data.sources import DOWNLOADS, cache_dir
 
@@ -66,6 +86,7 @@ def _downloads() -> list[tuple[str, Any, int, float]]:
 
 
 def run(args: argparse.Namespace) -> None:
+    from dpvision.data.datasets import same_dataset
     from dpvision.features.cache import cache_entries, default_cache_dir
 
     entries = cache_entries()
@@ -75,28 +96,38 @@ def run(args: argparse.Namespace) -> None:
             f"feature cache {default_cache_dir()}: {len(entries)} entries, "
             f"{_size(sum(e.size for e in entries))}"
         )
-        for entry in entries:
-            state = "" if entry.complete else "  (incomplete: an interrupted write)"
-            print(
-                f"  {entry.dataset:<16} {entry.spec:<28} {_size(entry.size):>9}  "
-                f"{_age(entry.modified):>5} ago  {entry.stem}{state}"
-            )
+        rows = [
+            [
+                entry.dataset,
+                entry.spec,
+                _size(entry.size),
+                f"{_age(entry.modified)} ago",
+                entry.stem + ("" if entry.complete else "  (incomplete: an interrupted write)"),
+            ]
+            for entry in entries
+        ]
+        _print_table(rows, right=(2, 3))
         print(f"downloaded datasets: {len(downloads)}")
-        for name, folder, size, modified in downloads:
-            print(f"  {name:<16} {_size(size):>9}  {_age(modified):>5} ago  {folder}")
+        _print_table(
+            [
+                [name, _size(size), f"{_age(modified)} ago", str(folder)]
+                for name, folder, size, modified in downloads
+            ],
+            right=(1, 2),
+        )
         return
     cutoff = time.time() - 86400 * args.older_than if args.older_than is not None else None
     doomed_entries = [
         e
         for e in entries
-        if (args.dataset is None or e.dataset == args.dataset)
+        if (args.dataset is None or e.belongs_to(args.dataset))
         and (cutoff is None or e.modified < cutoff)
     ]
     doomed_downloads = [
         d
         for d in downloads
         if args.datasets
-        and (args.dataset is None or d[0] == args.dataset)
+        and (args.dataset is None or same_dataset(d[0], args.dataset))
         and (cutoff is None or d[3] < cutoff)
     ]
     freed = sum(e.size for e in doomed_entries) + sum(d[2] for d in doomed_downloads)

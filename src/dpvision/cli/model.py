@@ -19,15 +19,23 @@ def add_parsers(commands: Any) -> None:
     predict = commands.add_parser(
         "predict",
         help="classify images with a saved model (dpvision train --save MODEL)",
-        description="Prints (or writes to --out) one CSV row per input: input,label[,class]. "
-        "INPUTS is an image file, a folder of images (.png/.jpg/.jpeg, recursively), or a "
-        ".npy array of uint8 images (N, H, W, C); for a model trained on precomputed "
-        "features, a .npy of feature vectors (N, d). Predictions use only the released "
-        "model: no privacy cost.",
+        description="Prints (or writes to --out) one CSV row per input: input,label[,class] "
+        "(with --proba, then one column p_<class> per class: the class probabilities, each row "
+        "summing to 1). INPUTS is an image file, a folder of images (.png/.jpg/.jpeg, "
+        "recursively), or a .npy array of uint8 images (N, H, W, C); for a model trained on "
+        "precomputed features, a .npy of feature vectors (N, d). Images are brought to the "
+        "size the model was trained at (its image_size, crop_mode, crop_pct, interpolation). "
+        "Predictions use only the released model: no privacy cost.",
     )
     predict.add_argument("model", type=input_file, metavar="MODEL")
     predict.add_argument("inputs", metavar="INPUTS")
     predict.add_argument("--out", type=output_file, metavar="FILE.csv", help="default: stdout")
+    predict.add_argument(
+        "--proba",
+        action="store_true",
+        help="add the class probabilities, one column p_<class> (p_0, p_1, … without class "
+        "names) per class",
+    )
     add_device_arguments(predict, precision=False)
     evaluate = commands.add_parser(
         "evaluate",
@@ -46,13 +54,17 @@ def add_parsers(commands: Any) -> None:
 def run_predict(args: argparse.Namespace) -> None:
     from dpvision.data.imagefolder import image_files, read_images
     from dpvision.data.npzfiles import read_npy
+    from dpvision.data.resize import ImageGeometry
     from dpvision.fileio import atomic_open
     from dpvision.runs.saved import load_model
 
     model = load_model(args.model).to(args.device)
+    geometry = ImageGeometry.from_config(model.config)
     source = Path(args.inputs)
     if source.suffix == ".npy" and source.is_file():
         inputs = np.asarray(read_npy(source, mmap=False, fix="save a NumPy array with np.save"))
+        if geometry is not None and model.image_shape is not None and inputs.ndim == 4:
+            inputs = geometry.apply_array(inputs)
         names = [f"{source.name}[{i}]" for i in range(len(inputs))]
     elif model.image_shape is None:
         raise DPVisionError(
@@ -60,15 +72,21 @@ def run_predict(args: argparse.Namespace) -> None:
         )
     else:
         files = image_files(source)
-        inputs = read_images(files, channels=model.image_shape[-1])
+        inputs = read_images(files, channels=model.image_shape[-1], geometry=geometry)
         names = [str(f) for f in files]
-    labels = model.predict(inputs)
+    if args.proba:
+        probabilities = model.predict_proba(inputs)
+        labels = probabilities.argmax(axis=1)
+    else:
+        labels = model.predict(inputs)
     classes = model.class_names
     text = io.StringIO()
     writer = csv.writer(text, lineterminator="\n")
-    writer.writerow(["input", "label", *(["class"] if classes else [])])
-    for name, label in zip(names, labels, strict=True):
-        writer.writerow([name, int(label), *([classes[label]] if classes else [])])
+    columns = [f"p_{c}" for c in (classes or range(model.num_classes))] if args.proba else []
+    writer.writerow(["input", "label", *(["class"] if classes else []), *columns])
+    for i, (name, label) in enumerate(zip(names, labels, strict=True)):
+        row = [name, int(label), *([classes[label]] if classes else [])]
+        writer.writerow(row + ([repr(float(p)) for p in probabilities[i]] if args.proba else []))
     if args.out:
         with atomic_open(args.out) as out:
             out.write(text.getvalue())
@@ -79,6 +97,8 @@ def run_predict(args: argparse.Namespace) -> None:
 
 def run_evaluate(args: argparse.Namespace) -> None:
     from dpvision.data.datasets import load_dataset
+    from dpvision.data.resize import ImageGeometry
+    from dpvision.data.splits import TEST_FRACTION
     from dpvision.features.precomputed import load_feature_files
     from dpvision.features.spec import parse_feature_spec
     from dpvision.fileio import write_json_atomic
@@ -98,6 +118,11 @@ def run_evaluate(args: argparse.Namespace) -> None:
             args.data_dir if args.data_dir is not None else config.get("data_dir"),
             num_classes=config.get("num_classes"),
             channels=config.get("image_channels"),
+            geometry=ImageGeometry.from_config(config),
+            seed=int(config.get("seed", 0)),
+            test_fraction=float(config.get("test_fraction", TEST_FRACTION))
+            if name.strip().lower().startswith("imagefolder:")
+            else TEST_FRACTION,
         )
         inputs, labels = dataset.test_images, dataset.test_labels
     accuracy = model.score(inputs, labels)

@@ -58,8 +58,9 @@ def add_parser(commands: Any) -> None:
         "train",
         help="train a private classifier and evaluate it (no arguments: a small default run)",
         description="Train on a dataset's features, evaluate on its test split, print a "
-        "summary and (with --json) write the result JSON. With no arguments it trains DP-LS "
-        "on scikit-learn's digits at ε = 3, which needs no download.",
+        "summary and (with --json) write the result JSON. With no arguments it runs the "
+        "default recipe at ε = 3 on scikit-learn's digits, which needs no download: "
+        "dp-sgd-linear on ScatterNet features (docs/guide/recipes.md).",
     )
     add_run_arguments(train)
     train.add_argument(

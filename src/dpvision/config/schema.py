@@ -11,6 +11,8 @@ from typing import Any
 
 from dpvision.data.core import ImageDataset
 from dpvision.data.datasets import load_dataset
+from dpvision.data.resize import CROP_MODES, DEFAULTS, INTERPOLATIONS, ImageGeometry
+from dpvision.data.splits import TEST_FRACTION
 from dpvision.devices import Placement, placement
 from dpvision.features.preprocessing import PreprocessingConfig
 from dpvision.learners import LEARNERS
@@ -27,6 +29,11 @@ METHODS = (AUTO, *LEARNERS, *DEEP_METHODS)
 """``auto``, the feature learners (:data:`dpvision.learners.LEARNERS`), the deep methods."""
 
 
+_ADDED_DEFAULTS = {**DEFAULTS, "test_fraction": TEST_FRACTION}
+"""Options added after runs were published: at their defaults they stay out of the secret
+randomness's context, so a ``secret_seed`` replays those runs' noise exactly."""
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Everything ``dpvision train`` needs; the resolved copy is written into the result JSON.
@@ -38,6 +45,21 @@ class TrainConfig:
         (``npz:``, ``npy:``, precomputed features of an unlisted dataset). It fixes the
         model's output shape, so it is never read off the private labels.
       image_channels: ``imagefolder:`` datasets: 3 (RGB, the default) or 1 (grayscale).
+      image_size: the size every image is brought to as it is loaded, in training,
+        ``predict``, ``evaluate`` and the feature cache's key (:mod:`dpvision.data.resize`):
+        a whole number (square) or ``[H, W]``; ``None`` (the default): the images' own size,
+        which must then be the same for all. For ``learner.model = "timm:NAME"`` of a model
+        with a fixed input size (ViTs), ``None`` becomes timm's ``pretrained_cfg``
+        (``input_size``, ``crop_pct``, ``crop_mode``, ``interpolation``), or
+        ``learner.model_args.img_size`` when given; the resolved config records it.
+      crop_mode: ``center`` (the default), ``squash`` or ``border``, timm's ``crop_mode``.
+      crop_pct: in (0, 1], timm's: resize towards ``image_size / crop_pct``, then keep the
+        centre ``image_size`` (1, the default: resize straight to the size).
+      interpolation: ``bilinear`` (the default), ``bicubic``, ``nearest`` or ``lanczos``.
+      test_fraction: ``imagefolder:ROOT`` whose classes are directly under ``ROOT`` (no
+        ``train/`` and ``test/``): each image's chance of landing in the test split (0.2, the
+        default), from its own bytes and the public ``seed``
+        (:func:`dpvision.data.splits.tree_split`).
       method: ``dp-ls``, ``dp-newton``, ``dp-fc``, ``dp-sgd-linear`` (on features),
         ``dp-sgd`` (deep models, see :class:`dpvision.training.options.DPSGDOptions`),
         ``dp-randp`` (DP-SGD in Phases II and III from a Phase I encoder) or ``auto`` (the
@@ -90,6 +112,11 @@ class TrainConfig:
     data_dir: str | None = None
     num_classes: int | None = None
     image_channels: int | None = None
+    image_size: int | tuple[int, int] | None = None
+    crop_mode: str = option(DEFAULTS["crop_mode"], Choice(CROP_MODES))
+    crop_pct: float = option(DEFAULTS["crop_pct"], Interval(0, 1, closed="right"))
+    interpolation: str = option(DEFAULTS["interpolation"], Choice(INTERPOLATIONS))
+    test_fraction: float = option(TEST_FRACTION, Interval(0, 1))
     method: str = option(AUTO, Choice(METHODS))
     features: str = "auto"
     epsilon: float | None = option(3.0, Interval(0, None, note="or inf for no noise"))
@@ -123,6 +150,9 @@ class TrainConfig:
         # options are called: a run given their former names replays under the new ones.
         context = {k: v for k, v in self.to_dict().items() if k not in ("data_dir", "device")}
         context["learner"] = names_before_rename(context["learner"])
+        for key, default in _ADDED_DEFAULTS.items():  # runs from before these options replay
+            if context.get(key) == default:
+                del context[key]
         return SecretRandomness(
             self.secret_seed,
             secure=self.secure_mode,
@@ -134,14 +164,23 @@ class TrainConfig:
         """Whether the held-out rows are declared public (exact accuracies released)."""
         return self.validation == "public"
 
+    @property
+    def geometry(self) -> ImageGeometry | None:
+        """The size every image is brought to (``None``: the images' own size)."""
+        return ImageGeometry.from_config(self.to_dict())
+
     def load_dataset(self) -> ImageDataset:
         """The dataset of this run, its classes and channels fixed by the config or the
-        registry (never read off the private labels)."""
+        registry (never read off the private labels), its images brought to
+        :attr:`geometry`."""
         return load_dataset(
             self.dataset,
             self.data_dir,
             num_classes=self.num_classes,
             channels=self.image_channels,
+            geometry=self.geometry,
+            seed=self.seed,
+            test_fraction=self.test_fraction,
         )
 
     @property

@@ -4,12 +4,20 @@ the ``[reference]`` table; what is ``auto`` and needs no data is resolved on the
 """
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
 from dpvision.accounting import parse_accountant
 from dpvision.config.schema import DEEP_METHODS, TrainConfig
-from dpvision.data.datasets import PATH_PREFIXES, check_public_shape, dataset_info
+from dpvision.data.datasets import (
+    PATH_PREFIXES,
+    check_public_shape,
+    check_test_fraction,
+    dataset_info,
+)
+from dpvision.data.resize import DEFAULTS as GEOMETRY_DEFAULTS
+from dpvision.data.resize import parse_image_size
 from dpvision.devices import parse_device, parse_precision
 from dpvision.errors import DPVisionError
 from dpvision.features.preprocessing import PREPROCESSING
@@ -17,7 +25,7 @@ from dpvision.learners import LEARNERS
 from dpvision.learners.base import DPLinearClassifier
 from dpvision.learners.options import check_learner_options
 from dpvision.mechanisms.secret import check_secret_seed
-from dpvision.options import check, check_known
+from dpvision.options import Interval, check, check_known
 from dpvision.recipes import AUTO, RECIPE_METHOD, default_features, default_preprocessing
 from dpvision.training.options import current_names, renamed_option
 from dpvision.training.pretrain_options import PretrainOptions
@@ -43,6 +51,34 @@ def _check_public_shape(config: TrainConfig) -> None:
             raise DPVisionError(f"num_classes must be >= 2, got {config.num_classes}")
         return
     check_public_shape(name, config.num_classes, config.image_channels)
+
+
+def _resolve_geometry(config: TrainConfig) -> TrainConfig:
+    """The image size checked, and for ``learner.model = "timm:NAME"`` without one, timm's
+    (:func:`dpvision.models.sources.timm_models.default_geometry`: ``pretrained_cfg`` of a
+    model with a fixed input size, or ``learner.model_args.img_size``), each crop option the
+    config left at its default taken from it; resolved here so that the result and the model
+    file record the geometry the run used."""
+    check_test_fraction(config.dataset, config.test_fraction)
+    model = config.learner.get("model") if config.method in DEEP_METHODS else None
+    if config.image_size is None and isinstance(model, str) and model.startswith("timm:"):
+        # local import: optional dependency (timm, read only for a timm model)
+        from dpvision.models.sources.timm_models import default_geometry
+
+        args = config.learner.get("model_args")
+        found = default_geometry(model[len("timm:") :], args if isinstance(args, dict) else None)
+        given = config.to_dict()
+        changes = {k: v for k, v in found.items() if given[k] == GEOMETRY_DEFAULTS[k]}
+        if "image_size" in changes:
+            size = parse_image_size(changes["image_size"])
+            changes["image_size"] = size[0] if size and size[0] == size[1] else size
+            config = dataclasses.replace(config, **changes)
+    if config.image_size is not None and config.features.strip().startswith("precomputed"):
+        raise DPVisionError(
+            "image_size resizes images; precomputed features have none: leave image_size unset"
+        )
+    config.geometry  # noqa: B018 (a bad size, or crop options without one, are refused here)
+    return config
 
 
 def validate(config: TrainConfig) -> TrainConfig:
@@ -73,11 +109,13 @@ def validate(config: TrainConfig) -> TrainConfig:
         )
     config.placement  # noqa: B018 (a device that is not there is refused before any work)
     _check_public_shape(config)
+    config = _resolve_geometry(config)
     if config.preprocessing.kind not in (*PREPROCESSING, AUTO):
         raise DPVisionError(
             f"unknown preprocessing.kind {config.preprocessing.kind!r}; choose one of: "
             f"{', '.join(PREPROCESSING)}"
         )
+    _check_preprocessing_ranges(config.preprocessing)
     if config.accountant is not None:
         parse_accountant(config.accountant)
     if config.reference:
@@ -120,6 +158,11 @@ def validate(config: TrainConfig) -> TrainConfig:
                 f"learner.init: {options.init} not found (weights are never downloaded at run "
                 "time: save them to this file first)"
             )
+        if options.encoder is not None and not Path(options.encoder).expanduser().is_file():
+            raise DPVisionError(
+                f"learner.encoder: {options.encoder} not found; make one with `dpvision "
+                f"pretrain --out {options.encoder}`"
+            )
         return config
     learner = _learner(config)
     allowed = set(learner().get_params()) - {
@@ -140,6 +183,28 @@ def validate(config: TrainConfig) -> TrainConfig:
     check_known(config.learner, sorted(allowed), message)
     checked = check_learner_options(learner, config.learner)
     return config if checked == config.learner else dataclasses.replace(config, learner=checked)
+
+
+_PREPROCESSING_RANGES = {
+    "groups": Interval(1, None, closed="left", kind="a whole number"),
+    "channels": Interval(1, None, closed="left", kind="a whole number"),
+    "noise_multiplier": Interval(0, math.inf, kind="a number"),
+    "mean_clip": Interval(0, math.inf, kind="a number"),
+    "square_clip": Interval(0, math.inf, kind="a number"),
+    "clip_norm": Interval(0, math.inf, kind="a number"),
+}
+
+
+def _check_preprocessing_ranges(preprocessing: Any) -> None:
+    """One-line errors for ``[preprocessing]`` numbers out of range, before any data is read
+    (they were met only when the statistics were computed, after feature extraction)."""
+    for name, allowed in _PREPROCESSING_RANGES.items():
+        value = getattr(preprocessing, name)
+        if value is None:
+            continue
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not (number and allowed.accepts(value)):
+            raise DPVisionError(allowed.message(f"preprocessing.{name}", value))
 
 
 def _learner(config: TrainConfig) -> type[DPLinearClassifier]:

@@ -54,6 +54,9 @@ class ImageDataset(LabelledSplits):
         test_labels: ``int64`` array of shape ``(M,)`` with values in ``[0, num_classes)``.
         num_classes: Number of classes.
         class_names: Optional human-readable name of each class, ``num_classes`` of them.
+        geometry: The public description of the size the images were brought to as they
+            were loaded (:meth:`dpvision.data.resize.ImageGeometry.describe`), or ``None``:
+            their own size. Part of the feature cache's key.
     """
 
     name: str
@@ -63,6 +66,7 @@ class ImageDataset(LabelledSplits):
     test_labels: np.ndarray
     num_classes: int
     class_names: tuple[str, ...] | None = None
+    geometry: dict[str, object] | None = None
 
     def __post_init__(self) -> None:
         """Checks the invariants listed in the class docstring.

@@ -11,8 +11,13 @@ Names:
 * ``npz:PATH``: an ``.npz`` with ``x_train``, ``y_train``, ``x_test``, ``y_test``.
 * ``npy:DIR``: the same four arrays as ``.npy`` files in a folder; the uint8 images are
   memory-mapped, not loaded, for image sets larger than memory.
-* ``imagefolder:PATH``: ``PATH/train/<class>/*.png`` and ``PATH/test/<class>/*``
-  (:mod:`dpvision.data.imagefolder`); needs Pillow.
+* ``imagefolder:PATH``: ``PATH/train/<class>/*.png`` and ``PATH/test/<class>/*``, or a single
+  ``PATH/<class>/*.png`` tree split by ``test_fraction`` (:mod:`dpvision.data.imagefolder`);
+  needs Pillow.
+
+Any of them may be brought to one image size as it is loaded (``geometry``,
+:mod:`dpvision.data.resize`): image folders as each file is decoded, the others image by image
+after loading (``npy:DIR`` is then read into memory at the new size).
 
 Named datasets with files are found as described in :mod:`dpvision.data.sources`. Each entry
 of the registry knows its loader (:attr:`DatasetInfo.loader`; :data:`PATH_LOADERS` for the
@@ -24,6 +29,7 @@ statistic of the data is computed, logged or released here.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +39,8 @@ import numpy as np
 
 from dpvision.data import cifar, digits, idx, imagefolder, npzfiles, sources
 from dpvision.data.core import ImageDataset
+from dpvision.data.resize import ImageGeometry
+from dpvision.data.splits import TEST_FRACTION
 from dpvision.errors import DPVisionError
 
 __all__ = [
@@ -269,6 +277,9 @@ def load_dataset(
     download: bool = True,
     num_classes: int | None = None,
     channels: int | None = None,
+    geometry: ImageGeometry | None = None,
+    seed: int = 0,
+    test_fraction: float = TEST_FRACTION,
 ) -> ImageDataset:
     """Loads a dataset by name (see the module docstring for the names).
 
@@ -288,6 +299,12 @@ def load_dataset(
             datasets it must agree with the registry or the class folders when given.
         channels: ``imagefolder:`` only: 3 (default, every image converted to RGB) or 1
             (grayscale), never decided by what the private images happen to be.
+        geometry: The size every image is brought to (:mod:`dpvision.data.resize`);
+            ``None``: the images' own size.
+        seed: ``imagefolder:`` with a single ``PATH/<class>/`` tree: the run's public seed,
+            which keys its train/test split (:func:`dpvision.data.splits.tree_split`).
+        test_fraction: The same: each image's chance of landing in the test split; refused
+            (one line) for every other dataset.
 
     Returns:
         The dataset, images ``uint8`` ``(N, H, W, C)``, labels ``int64``.
@@ -298,15 +315,53 @@ def load_dataset(
     text = name.strip()
     lowered = text.lower()
     check_public_shape(text, num_classes, channels)
+    check_test_fraction(text, test_fraction)
     for prefix, load in PATH_LOADERS.items():
         if lowered.startswith(prefix):
             raw_path = text[len(prefix) :].strip()
             if not raw_path:
                 raise DPVisionError(f"dataset {text!r} names no path; write {prefix}PATH")
-            return load(text, Path(raw_path).expanduser(), num_classes, channels)
+            path = Path(raw_path).expanduser()
+            if prefix == "imagefolder:":  # resized as each file is decoded
+                return _load_image_folder(
+                    text,
+                    path,
+                    num_classes,
+                    channels,
+                    geometry=geometry,
+                    seed=seed,
+                    test_fraction=test_fraction,
+                )
+            return resized(load(text, path, num_classes, channels), geometry)
     info = dataset_info(text)
     assert info is not None  # check_public_shape refused unknown names
-    return info.loader(info, data_dir, download)
+    return resized(info.loader(info, data_dir, download), geometry)
+
+
+def resized(dataset: ImageDataset, geometry: ImageGeometry | None) -> ImageDataset:
+    """``dataset`` with every image brought to ``geometry``'s size (itself when ``None``).
+
+    Privacy: each image is resized alone (:meth:`ImageGeometry.apply_array`); releases
+    nothing.
+    """
+    if geometry is None:
+        return dataset
+    return dataclasses.replace(
+        dataset,
+        train_images=geometry.apply_array(dataset.train_images),
+        test_images=geometry.apply_array(dataset.test_images),
+        geometry=geometry.describe(),
+    )
+
+
+def check_test_fraction(name: str, test_fraction: float) -> None:
+    """Refuses a ``test_fraction`` other than the default for a dataset it cannot split (all
+    but ``imagefolder:``, whose single tree it splits)."""
+    if test_fraction != TEST_FRACTION and not name.strip().lower().startswith("imagefolder:"):
+        raise DPVisionError(
+            f"test_fraction splits a single imagefolder: tree; {name} has its own test split: "
+            "leave test_fraction unset"
+        )
 
 
 def check_public_shape(name: str, num_classes: int | None, channels: int | None) -> None:
@@ -358,21 +413,35 @@ def _load_arrays(
 
 
 def _load_image_folder(
-    name: str, path: Path, num_classes: int | None, channels: int | None
+    name: str,
+    path: Path,
+    num_classes: int | None,
+    channels: int | None,
+    *,
+    geometry: ImageGeometry | None = None,
+    seed: int = 0,
+    test_fraction: float = TEST_FRACTION,
 ) -> ImageDataset:
     """Loads ``imagefolder:PATH``; the classes are the public folder names.
 
     Privacy: reads the private images into memory and releases nothing.
     """
     x_train, y_train, x_test, y_test, classes = imagefolder.load_image_folder(
-        path, channels=channels or 3
+        path, channels=channels or 3, geometry=geometry, seed=seed, test_fraction=test_fraction
     )
     if num_classes is not None and num_classes != len(classes):
         raise DPVisionError(
-            f"num_classes = {num_classes} but {path}/train has {len(classes)} class folders"
+            f"num_classes = {num_classes} but {path} has {len(classes)} class folders"
         )
     return ImageDataset(
-        name, x_train, y_train, x_test, y_test, num_classes=len(classes), class_names=classes
+        name,
+        x_train,
+        y_train,
+        x_test,
+        y_test,
+        num_classes=len(classes),
+        class_names=classes,
+        geometry=None if geometry is None else geometry.describe(),
     )
 
 

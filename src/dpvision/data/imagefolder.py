@@ -1,9 +1,15 @@
-"""Reader for image-folder datasets: ``ROOT/train/<class>/*.png`` and ``ROOT/test/<class>/*``.
+"""Reader for image-folder datasets: ``ROOT/train/<class>/*.png`` and ``ROOT/test/<class>/*``,
+or a single tree ``ROOT/<class>/*.png``.
 
-Classes are the sub-folders of ``ROOT/train``, sorted alphabetically; class ``i`` is the ``i``-th
-name. ``ROOT/test`` may contain a subset of those classes. Files ending in ``.png``, ``.jpg`` or
-``.jpeg`` (any case) are read with Pillow; other files (``.DS_Store``, notes) are ignored. All
-images must have the same width and height. Every image is converted to RGB (three channels,
+Classes are the sub-folders of ``ROOT/train`` (of ``ROOT`` for a single tree), sorted
+alphabetically; class ``i`` is the ``i``-th name. ``ROOT/test`` may contain a subset of those
+classes. A single tree (no ``train/`` and no ``test/`` folder) is split by
+:func:`dpvision.data.splits.tree_split`: each image's side depends on that file alone and the
+run's public seed, about ``test_fraction`` of them in the test split. Files ending in ``.png``,
+``.jpg`` or ``.jpeg`` (any case) are read with Pillow; other files (``.DS_Store``, notes) are
+ignored. Images of any size are brought to one size as they are decoded when the run gives an
+:class:`~dpvision.data.resize.ImageGeometry` (``image_size``); without one, all images must
+have the same width and height. Every image is converted to RGB (three channels,
 an alpha channel dropped), or to grayscale with ``channels=1``: the caller decides, because
 the input shape of the model must not depend on what the private images happen to be.
 
@@ -25,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from dpvision.data.resize import ImageGeometry
+from dpvision.data.splits import TEST_FRACTION, tree_split
 from dpvision.errors import DPVisionError
 
 __all__ = [
@@ -49,13 +57,23 @@ DECODE_BATCH = 256
 
 
 def load_image_folder(
-    root: Path, channels: int = 3
+    root: Path,
+    channels: int = 3,
+    *,
+    geometry: ImageGeometry | None = None,
+    seed: int = 0,
+    test_fraction: float = TEST_FRACTION,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]]:
-    """Reads ``root/train`` and ``root/test`` (see the module docstring).
+    """Reads ``root/train`` and ``root/test``, or a single ``root/<class>/`` tree split by
+    :func:`dpvision.data.splits.tree_split` (see the module docstring).
 
     Args:
         root: The dataset folder.
         channels: 3 (RGB) or 1 (grayscale): what every image is converted to.
+        geometry: The size every image is brought to as it is decoded
+            (:mod:`dpvision.data.resize`); ``None``: the images' own size, the same for all.
+        seed: A single tree only: the run's public seed, which keys the split's coins.
+        test_fraction: A single tree only: each image's chance of landing in the test split.
 
     Returns:
         ``(train_images, train_labels, test_images, test_labels, class_names)`` with images
@@ -63,7 +81,12 @@ def load_image_folder(
 
     Raises:
         DPVisionError: If Pillow is missing, the layout is wrong, a class folder has no images,
-            an image cannot be read, or the images do not all have the same size.
+            an image cannot be read, or (without ``geometry``) the images do not all have the
+            same size.
+
+    Privacy: reads the private images; releases nothing. A single tree's split depends on
+    each file alone (its class and bytes) and the public seed: adding or removing one image
+    moves no other image between the splits.
     """
     try:
         from PIL import Image
@@ -71,55 +94,94 @@ def load_image_folder(
         raise DPVisionError(
             f"{root}: image-folder datasets need Pillow; install it with: pip install pillow"
         ) from exc
-
-    train_dir, test_dir = root / "train", root / "test"
-    for split_dir in (train_dir, test_dir):
-        if not split_dir.is_dir():
-            raise DPVisionError(
-                f"{split_dir}: no such folder; an image-folder dataset needs "
-                f"{root}/train/<class>/*.png and {root}/test/<class>/*.png"
-            )
-    classes = tuple(sorted(p.name for p in train_dir.iterdir() if p.is_dir()))
-    if not classes:
-        raise DPVisionError(f"{train_dir}: no class folders; put images in {train_dir}/<class>/")
-    unknown = sorted(p.name for p in test_dir.iterdir() if p.is_dir() and p.name not in classes)
-    if unknown:
-        raise DPVisionError(
-            f"{test_dir}: class folder(s) {', '.join(unknown)} have no counterpart in "
-            f"{train_dir}; every test class must also be a training class"
-        )
-
-    files = {
-        split: _list_images(split_dir, classes)
-        for split, split_dir in (("train", train_dir), ("test", test_dir))
-    }
-    all_files = [path for split in files.values() for path, _ in split]
-
     if channels not in (1, 3):
         raise DPVisionError(f"channels must be 1 (grayscale) or 3 (RGB), got {channels!r}")
+
+    files, classes = _layout(root, seed, test_fraction)
+    all_files = [path for split in files.values() for path, _ in split]
     grayscale = channels == 1
     reference: tuple[Path, tuple[int, int]] | None = None
-    for path in all_files:
+    for path in all_files if geometry is None else ():
         with _open(Image, path) as image:
             if reference is None:
                 reference = (path, image.size)
             elif image.size != reference[1]:
                 (ref_path, (ref_w, ref_h)), (w, h) = reference, image.size
                 raise DPVisionError(
-                    f"{path}: image is {w}x{h} but {ref_path} is {ref_w}x{ref_h}; resize all "
-                    "images to one size"
+                    f"{path}: image is {w}x{h} but {ref_path} is {ref_w}x{ref_h}; give the size "
+                    "to resize them to (e.g. --set image_size=64), or resize them yourself"
                 )
     mode = "L" if grayscale else "RGB"
 
     out: list[np.ndarray] = []
     for split in ("train", "test"):
         entries = files[split]
-        images = _decode([path for path, _ in entries], mode) if entries else None
+        images = _decode([path for path, _ in entries], mode, geometry) if entries else None
         if images is None:
-            width, height = reference[1] if reference else (0, 0)
+            if geometry is not None:
+                height, width = geometry.size
+            else:
+                width, height = reference[1] if reference else (0, 0)
             images = np.zeros((0, height, width, 1 if grayscale else 3), dtype=np.uint8)
         out.extend([images, np.array([label for _, label in entries], dtype=np.int64)])
     return out[0], out[1], out[2], out[3], classes
+
+
+def _layout(
+    root: Path, seed: int, test_fraction: float
+) -> tuple[dict[str, list[tuple[Path, int]]], tuple[str, ...]]:
+    """The ``(file, label)`` entries of each split and the class names: from ``root/train``
+    and ``root/test``, or a single ``root/<class>/`` tree split by each file's coin."""
+    train_dir, test_dir = root / "train", root / "test"
+    if not root.is_dir():
+        raise DPVisionError(
+            f"{root}: no such folder; an image-folder dataset is {root}/<class>/*.png, or "
+            f"{root}/train/<class>/*.png and {root}/test/<class>/*.png"
+        )
+    if not train_dir.is_dir() and not test_dir.is_dir():
+        classes = _classes(root)
+        entries = _list_images(root, classes, every_class=True)
+        train, test = tree_split(
+            [path for path, _ in entries],
+            [classes[label] for _, label in entries],
+            test_fraction,
+            seed,
+        )
+        return {
+            "train": [entries[i] for i in train],
+            "test": [entries[i] for i in test],
+        }, classes
+    for split_dir in (train_dir, test_dir):
+        if not split_dir.is_dir():
+            raise DPVisionError(
+                f"{split_dir}: no such folder; an image-folder dataset needs "
+                f"{root}/train/<class>/*.png and {root}/test/<class>/*.png (or no train/ and "
+                f"test/ at all: {root}/<class>/*.png, split by test_fraction)"
+            )
+    if test_fraction != TEST_FRACTION:
+        raise DPVisionError(
+            f"test_fraction splits a single {root}/<class>/ tree; {root} has its own train/ and "
+            "test/ folders: leave test_fraction unset"
+        )
+    classes = _classes(train_dir)
+    unknown = sorted(p.name for p in test_dir.iterdir() if p.is_dir() and p.name not in classes)
+    if unknown:
+        raise DPVisionError(
+            f"{test_dir}: class folder(s) {', '.join(unknown)} have no counterpart in "
+            f"{train_dir}; every test class must also be a training class"
+        )
+    return {
+        "train": _list_images(train_dir, classes, every_class=True),
+        "test": _list_images(test_dir, classes, every_class=False),
+    }, classes
+
+
+def _classes(folder: Path) -> tuple[str, ...]:
+    """The class names: ``folder``'s sub-folders, sorted."""
+    classes = tuple(sorted(p.name for p in folder.iterdir() if p.is_dir()))
+    if not classes:
+        raise DPVisionError(f"{folder}: no class folders; put images in {folder}/<class>/")
+    return classes
 
 
 def image_files(path: Path) -> list[Path]:
@@ -135,9 +197,11 @@ def image_files(path: Path) -> list[Path]:
     return files
 
 
-def read_images(paths: list[Path], channels: int) -> np.ndarray:
+def read_images(
+    paths: list[Path], channels: int, geometry: ImageGeometry | None = None
+) -> np.ndarray:
     """Decodes image files to ``uint8`` ``(N, H, W, C)`` with ``channels`` 1 (grayscale) or
-    3 (RGB); all must have the same size."""
+    3 (RGB), each brought to ``geometry``'s size; without one, all must have the same size."""
     try:
         from PIL import Image
     except ImportError as exc:
@@ -146,7 +210,7 @@ def read_images(paths: list[Path], channels: int) -> np.ndarray:
         ) from exc
     mode = "L" if channels == 1 else "RGB"
     sizes = set()
-    for path in paths:
+    for path in paths if geometry is None else ():
         with _open(Image, path) as image:
             sizes.add(image.size[::-1])
     if len(sizes) > 1:
@@ -154,7 +218,7 @@ def read_images(paths: list[Path], channels: int) -> np.ndarray:
             f"the images have different sizes ({', '.join(sorted(str(s) for s in sizes))}); "
             "resize them to one size"
         )
-    return _decode(paths, mode)
+    return _decode(paths, mode, geometry)
 
 
 def decode_workers(count: int) -> int:
@@ -171,8 +235,8 @@ class _Files:
     comes back as a message, not an exception (a worker's exception would reach the user as
     a traceback)."""
 
-    def __init__(self, paths: list[Path], mode: str) -> None:
-        self.paths, self.mode = paths, mode
+    def __init__(self, paths: list[Path], mode: str, geometry: ImageGeometry | None) -> None:
+        self.paths, self.mode, self.geometry = paths, mode, geometry
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -181,7 +245,7 @@ class _Files:
         from PIL import Image
 
         try:
-            return _pixels(Image, self.paths[index], self.mode), ""
+            return _pixels(Image, self.paths[index], self.mode, self.geometry), ""
         except DPVisionError as error:
             return None, str(error)
 
@@ -195,14 +259,14 @@ def _stacked(items: list[tuple[np.ndarray | None, str]]) -> tuple[np.ndarray | N
     return np.stack([array for array, _ in items]), ""
 
 
-def _decode(paths: list[Path], mode: str) -> np.ndarray:
-    """Decodes ``paths`` (all of one size, checked by the caller) to ``uint8`` ``(N, H, W, C)``
-    with :func:`decode_workers` ``DataLoader`` workers, in order; each worker hands back
-    batches of :data:`DECODE_BATCH` images."""
+def _decode(paths: list[Path], mode: str, geometry: ImageGeometry | None = None) -> np.ndarray:
+    """Decodes ``paths`` (all of one size, checked by the caller, or each brought to
+    ``geometry``'s) to ``uint8`` ``(N, H, W, C)`` with :func:`decode_workers` ``DataLoader``
+    workers, in order; each worker hands back batches of :data:`DECODE_BATCH` images."""
     import torch.utils.data
 
     loader = torch.utils.data.DataLoader(
-        _Files(paths, mode),
+        _Files(paths, mode, geometry),
         batch_size=DECODE_BATCH,
         num_workers=decode_workers(len(paths)),
         collate_fn=_stacked,
@@ -215,8 +279,11 @@ def _decode(paths: list[Path], mode: str) -> np.ndarray:
     return np.concatenate(arrays)
 
 
-def _list_images(split_dir: Path, classes: tuple[str, ...]) -> list[tuple[Path, int]]:
-    """Lists ``(file, label)`` for every image under ``split_dir/<class>/``, sorted by name."""
+def _list_images(
+    split_dir: Path, classes: tuple[str, ...], *, every_class: bool
+) -> list[tuple[Path, int]]:
+    """Lists ``(file, label)`` for every image under ``split_dir/<class>/``, sorted by name;
+    ``every_class``: each class folder must hold an image."""
     entries: list[tuple[Path, int]] = []
     for label, name in enumerate(classes):
         class_dir = split_dir / name
@@ -225,7 +292,7 @@ def _list_images(split_dir: Path, classes: tuple[str, ...]) -> list[tuple[Path, 
         paths = sorted(
             p for p in class_dir.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
         )
-        if not paths and split_dir.name == "train":
+        if not paths and every_class:
             raise DPVisionError(
                 f"{class_dir}: no .png/.jpg images in this class folder; add images or remove it"
             )
@@ -241,11 +308,16 @@ def _open(image_module: Any, path: Path) -> Any:
         raise DPVisionError(f"{path}: cannot read the image ({exc}); fix or remove it") from exc
 
 
-def _pixels(image_module: Any, path: Path, mode: str) -> np.ndarray:
-    """Decodes one image to ``uint8`` ``(H, W, C)`` in ``mode`` (``"L"`` or ``"RGB"``)."""
+def _pixels(
+    image_module: Any, path: Path, mode: str, geometry: ImageGeometry | None = None
+) -> np.ndarray:
+    """Decodes one image to ``uint8`` ``(H, W, C)`` in ``mode`` (``"L"`` or ``"RGB"``),
+    brought to ``geometry``'s size when given."""
     try:
         with image_module.open(path) as image:
             converted = image.convert(mode)
+            if geometry is not None:
+                converted = geometry.apply(converted)
             array = np.asarray(converted, dtype=np.uint8)
     except (OSError, ValueError, image_module.DecompressionBombError) as exc:
         raise DPVisionError(f"{path}: cannot decode the image ({exc}); fix or remove it") from exc

@@ -10,6 +10,12 @@ number held out is Binomial(n, fraction), about ``fraction · n``.
   (:data:`PUBLIC_SPLIT`): the public rows are declared public, so anyone may recompute them;
   ``dpvision pretrain --public-fraction`` and the private run agree on them without sharing
   anything, and a weight file records the split's definition and the digests of its rows.
+* The **test** split of a single ``imagefolder:ROOT/<class>/`` tree (``test_fraction``,
+  :func:`tree_split`) uses a key made of a fixed label and the run's public ``seed``, over
+  each *file's* bytes and class name: the test images are evaluation data whose accuracy is
+  released exactly, as those of a ``ROOT/test`` folder, so the split may be public; the
+  private run's (ε, δ) covers the training side. An image added to the tree lands on one side
+  and moves no other image; exact copies of a file land together.
 * The **validation** split (``validation_fraction``) uses a secret key, a stream of the
   run's :class:`~dpvision.mechanisms.secret.SecretRandomness`: its coins are part of what
   the guarantee rests on (an adversary who could compute them would know which side the
@@ -28,7 +34,9 @@ is noisy (:mod:`dpvision.runs.validation`) unless the user declares them public.
 """
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -37,10 +45,13 @@ from dpvision.errors import DPVisionError
 __all__ = [
     "PUBLIC_KEY",
     "PUBLIC_SPLIT",
+    "TEST_FRACTION",
+    "TEST_SPLIT",
     "public_split",
     "row_digests",
     "split_coins",
     "training_rows",
+    "tree_split",
     "validation_split",
 ]
 
@@ -151,3 +162,49 @@ def training_rows(
     coins = split_coins(rows, labels, key)[private]  # each row's own coin, read in place
     kept, held = _held(coins, validation_fraction, "validation_fraction")
     return Rows(private[kept], private[held], public)
+
+
+TEST_FRACTION = 0.2
+"""The default share of a single image tree held out as its test split (80/20, as the
+``digits`` split; scikit-learn's ``train_test_split`` holds out 0.25)."""
+TEST_SPLIT = "blake2b-64 keyed 'dpvision test split v1' and the seed, over class name, file bytes"
+"""The definition of a single tree's test split."""
+
+
+def tree_split(
+    paths: Sequence[Path], class_names: Sequence[str], fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(training files, test files), indices sorted: the files whose coin is below
+    ``fraction`` are test files. A file's coin is its 64-bit BLAKE2b digest, keyed by a fixed
+    label and ``seed``, over its class name and its bytes, over 2⁶⁴: it reads that file alone.
+
+    Privacy: the split depends on each file and the public seed only (adding or removing a
+    file moves no other); the test side is released exactly, as a ``test/`` folder's.
+
+    Raises:
+      DPVisionError: ``fraction`` is not in (0, 1), a file cannot be read, or one side is
+        empty.
+    """
+    if isinstance(fraction, bool) or not 0 < fraction < 1:
+        raise DPVisionError(f"test_fraction must be in (0, 1), got {fraction}")
+    if len(paths) != len(class_names):
+        raise DPVisionError(f"{len(paths)} files but {len(class_names)} class names")
+    key = b"dpvision test split v1:" + int(seed).to_bytes(8, "little")
+    coins = np.empty(len(paths), dtype=np.float64)
+    for i, (path, name) in enumerate(zip(paths, class_names, strict=True)):
+        digest = hashlib.blake2b(name.encode() + b"\0", key=key, digest_size=8)
+        try:
+            with open(path, "rb") as handle:
+                for block in iter(lambda: handle.read(1 << 20), b""):
+                    digest.update(block)
+        except OSError as error:
+            raise DPVisionError(f"{path}: cannot read the file ({error.strerror})") from None
+        coins[i] = int.from_bytes(digest.digest(), "little") * 2.0**-64
+    held = coins < fraction
+    if held.all() or not held.any():
+        raise DPVisionError(
+            f"test_fraction = {fraction:g} leaves no image in the "
+            f"{'training' if held.all() else 'test'} split of this tree: add images, or give "
+            "train/ and test/ folders"
+        )
+    return np.flatnonzero(~held), np.flatnonzero(held)

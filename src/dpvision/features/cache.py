@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from dpvision.data.core import ImageDataset
+from dpvision.data.datasets import PATH_PREFIXES, same_dataset
 from dpvision.features import extractors
 from dpvision.features.backbone import encoder_digest, feature_source
 from dpvision.features.extractors import FEATURE_VERSION, feature_shape
@@ -110,7 +111,9 @@ def cache_key(dataset: ImageDataset, spec: FeatureSpec) -> dict[str, Any]:
 
     Returns:
         A dict with the dataset name and fingerprint, the spec's fields, the feature version,
-        (for ScatterNet) the kymatio version and (for ``encoder``) the encoder file's SHA-256.
+        (for ScatterNet) the kymatio version, (for ``encoder``) the encoder file's SHA-256 and
+        (for images brought to one size as they were loaded) the geometry
+        (:mod:`dpvision.data.resize`).
 
     Raises:
         DPVisionError: An ``encoder`` spec's file does not exist.
@@ -132,6 +135,8 @@ def cache_key(dataset: ImageDataset, spec: FeatureSpec) -> dict[str, Any]:
     source = feature_source(spec) if spec.name in NETWORK_FEATURES else None
     if source is not None:
         key["encoder_sha256"] = encoder_digest(source)
+    if dataset.geometry is not None:  # resized images (the keys of others stay as they were)
+        key["geometry"] = dataset.geometry
     return key
 
 
@@ -141,6 +146,9 @@ class CacheEntry:
 
     ``complete`` is False for leftovers of an interrupted write (no JSON, or ``.tmp``
     files); ``spec`` is the spec in text form, or ``?`` when the JSON cannot be read.
+    ``dataset`` is the dataset's name as the entry's JSON records it (``npz:/data/x.npz``),
+    or, for an entry without a readable JSON, the file-name form of it that begins the
+    stem (``npz_data_x.npz``).
     """
 
     stem: str
@@ -151,6 +159,21 @@ class CacheEntry:
     modified: float
     complete: bool
 
+    def belongs_to(self, dataset: str) -> bool:
+        """Whether this entry holds features of ``dataset`` (a name as ``--dataset`` takes
+        it: aliases, case and the path of ``npz:``/``npy:``/``imagefolder:`` as
+        :func:`~dpvision.data.datasets.same_dataset` compares them; an entry without a
+        readable JSON by the file-name form of the name)."""
+        if same_dataset(self.dataset, dataset):
+            return True
+        if self.complete:
+            return False
+        text = dataset.strip()
+        prefix = next((p for p in PATH_PREFIXES if text.lower().startswith(p)), None)
+        if prefix is not None:  # entries are named by the resolved path (as runs load it)
+            text = prefix + str(Path(text[len(prefix) :]).expanduser().resolve())
+        return self.dataset in (_slug(dataset), _slug(text))
+
 
 def cache_entries(cache_dir: Path | str | None = None) -> list[CacheEntry]:
     """The entries of the feature cache folder, oldest first (no folder: none)."""
@@ -160,13 +183,14 @@ def cache_entries(cache_dir: Path | str | None = None) -> list[CacheEntry]:
     groups: dict[str, list[Path]] = {}
     for path in folder.iterdir():
         # STEM.train.npy, STEM.test.npy, STEM.json, and .STEM.<part>.<random>.tmp leftovers
-        match = _ENTRY_FILE.fullmatch(path.name)
+        match = _ENTRY_FILE.fullmatch(path.name) or _TEMPORARY_FILE.fullmatch(path.name)
         if match and path.is_file():
             groups.setdefault(match["stem"], []).append(path)
     entries = []
     for stem, files in groups.items():
         meta_path = folder / f"{stem}.json"
-        dataset, spec, complete = stem.split("-")[0], "?", meta_path.is_file()
+        # The stem is SLUG-FEATURES-DIGEST; the slug keeps "." and "-" (npz:/data/my.set.npz)
+        dataset, spec, complete = stem.rsplit("-", 2)[0], "?", meta_path.is_file()
         if complete:
             try:
                 key = json.loads(meta_path.read_text(encoding="utf-8"))["key"]
@@ -190,7 +214,11 @@ def cache_entries(cache_dir: Path | str | None = None) -> list[CacheEntry]:
     return sorted(entries, key=lambda e: e.modified)
 
 
-_ENTRY_FILE = re.compile(r"\.?(?P<stem>[^.]+)\.(?:train\.npy|test\.npy|json)(?:\.[^.]+\.tmp)?")
+_STEM = r"(?P<stem>[^.].*-[a-z]+-[0-9a-f]+)"
+"""An entry's stem, ``SLUG-FEATURES-DIGEST``: the slug of a dataset name may hold "." and
+"-" (``npz_data_my.set.npz``), so the stem is found by its end, not by its first dot."""
+_ENTRY_FILE = re.compile(_STEM + r"\.(?:train\.npy|test\.npy|json)")
+_TEMPORARY_FILE = re.compile(r"\." + _STEM + r"\.(?:train\.npy|test\.npy|json)\.[^.]+\.tmp")
 
 
 def _spec_text(fields: dict[str, Any]) -> str:

@@ -28,7 +28,14 @@ from dpvision.accounting.ledger import NON_PRIVATE, LedgerEntry
 from dpvision.devices import resolve_device
 from dpvision.distributed import Workers, current
 from dpvision.errors import DPVisionError
+from dpvision.learners.memory import (
+    NESTED_SECONDS,
+    PROGRESS_SECONDS,
+    Footprint,
+    check_footprint,
+)
 from dpvision.learners.statistics import check_features, iter_chunks
+from dpvision.log import Progress
 from dpvision.mechanisms import SecureRandom
 from dpvision.mechanisms.noise import NoiseGenerator
 
@@ -90,6 +97,8 @@ class PrivateFit:
       generator: the noise generator (identically seeded on every rank), or the secure
         mode's CSPRNG.
       workers: the processes sharing the rows.
+      progress: where the fit reports the work done, in the units of its
+        :meth:`~DPLinearClassifier._footprint` (shown when the fit is estimated to be long).
     """
 
     num_classes: int
@@ -97,6 +106,7 @@ class PrivateFit:
     ledger: PrivacyLedger
     generator: NoiseGenerator
     workers: Workers
+    progress: Progress = dataclasses.field(default_factory=lambda: Progress(1, "", enabled=False))
 
 
 def check_releases(
@@ -137,6 +147,16 @@ def check_releases(
         )
 
 
+def softmax(scores: np.ndarray) -> np.ndarray:
+    """Row-wise softmax in float64 (the maximum subtracted first, so large scores do not
+    overflow): class probabilities from scores (n, m)."""
+    scores = np.asarray(scores, dtype=np.float64)
+    if scores.size == 0:
+        return scores.reshape(scores.shape)
+    shifted = np.exp(scores - scores.max(axis=1, keepdims=True))
+    return np.asarray(shifted / shifted.sum(axis=1, keepdims=True))
+
+
 class DPLinearClassifier(ClassifierMixin, BaseEstimator, abc.ABC):  # type: ignore[misc]
     """Base class: a linear classifier over features, trained under differential privacy.
 
@@ -173,6 +193,39 @@ class DPLinearClassifier(ClassifierMixin, BaseEstimator, abc.ABC):  # type: igno
     @abc.abstractmethod
     def _releases(self, n: int, d: int, m: int) -> tuple[int, float]:
         """(number of Gaussian releases at one common σ, their Poisson sample rate)."""
+
+    def _footprint(self, n: int, d: int, m: int, noisy: bool) -> Footprint | None:
+        """The d×d matrices and the work of a fit on n rows of d features and m classes
+        (:mod:`dpvision.learners.memory`); None where not estimated."""
+        return None
+
+    def footprint(self, n: int, d: int, *, noisy: bool | None = None) -> Footprint | None:
+        """The memory and work of a fit on n rows of d features (None: memory linear in
+        d); ``noisy``: whether it adds noise (default: read off ``target_epsilon`` and
+        ``noise_multiplier``). Privacy: reads the shape (n, d, m) only, which is public."""
+        if self.num_classes is None:
+            return None
+        if noisy is None:
+            noisy = not (
+                (self.target_epsilon is not None and math.isinf(self.target_epsilon))
+                or self.noise_multiplier == 0
+            )
+        return self._footprint(n, d, int(self.num_classes), noisy)
+
+    def check_resources(
+        self, n: int, d: int, *, noisy: bool | None = None, device: str | None = None
+    ) -> float:
+        """Refuses, in one line naming the alternatives, a fit on n rows of d features whose
+        d×d matrices do not fit in the free memory of ``device`` (default: the learner's);
+        warns when it will be long. Returns the estimated seconds (0: not estimated).
+
+        ``dpvision train`` calls it before extracting the features, when d follows from the
+        config and the image shape; ``fit`` calls it again before allocating.
+
+        Privacy: reads the shape (n, d, m) only, which is public.
+        """
+        where = resolve_device(self.device if device is None else device)
+        return check_footprint(self.footprint(n, d, noisy=noisy), where)
 
     @abc.abstractmethod
     def _fit_private(
@@ -237,9 +290,22 @@ class DPLinearClassifier(ClassifierMixin, BaseEstimator, abc.ABC):  # type: igno
         generator: NoiseGenerator = (
             SecureRandom() if self.secure_mode else make_generator(self.random_state, device)
         )
-        fit = PrivateFit(num_classes, sigma, own, generator, workers)
+        # The d×d matrices must fit before one is allocated (refused in one line if not).
+        footprint = self._footprint(n, d, num_classes, sigma is not None)
+        seconds = check_footprint(footprint, device)
+        progress = Progress(
+            footprint.work if footprint is not None else 1,
+            f"{footprint.learner if footprint is not None else type(self).__name__} on {d} "
+            "features",
+            counts=False,
+            # Inside another bar (an audit's runs), only a fit long enough to need its own.
+            enabled=seconds > (PROGRESS_SECONDS if Progress.open_bars == 0 else NESTED_SECONDS)
+            and workers.is_main,
+            expected_seconds=seconds,
+        )
+        fit = PrivateFit(num_classes, sigma, own, generator, workers, progress)
         # Statistics, noise and solves on ``device``: tensors made without a device land there.
-        with torch.device(device):
+        with torch.device(device), progress:
             coef, intercept = self._fit_private(X, y, fit)
         check_releases(own.entries, count, sample_rate, sigma, type(self).__name__)
         ledger.extend(own)
@@ -268,6 +334,21 @@ class DPLinearClassifier(ClassifierMixin, BaseEstimator, abc.ABC):  # type: igno
 
     def predict(self, X: np.ndarray) -> np.ndarray:
         return np.asarray(self.classes_[self.decision_function(X).argmax(axis=1)])
+
+    def predict_proba(self, X: np.ndarray) -> np.ndarray:
+        """Class probabilities (n, m), float64, each row summing to 1: the softmax of
+        :meth:`decision_function`, so the most probable class is :meth:`predict`'s.
+
+        For DP-Newton and DP-SGD-linear (cross-entropy) this is the model's own probability;
+        for DP-LS and DP-FC (least squares and one-vs-all fits) it is the same multinomial
+        logit link applied to their scores: ordered like the scores, not calibrated
+        (scikit-learn's ``RidgeClassifier`` offers none; wrap the learner in
+        ``sklearn.calibration.CalibratedClassifierCV`` on public data to calibrate).
+
+        Privacy:
+          Post-processing of the released model: no privacy cost.
+        """
+        return softmax(self.decision_function(X))
 
     def privacy_report(self) -> dict[str, Any]:
         """ε, δ, accountant and ledger of the fit, ready for a result JSON."""

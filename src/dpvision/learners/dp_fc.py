@@ -22,6 +22,7 @@ from dpvision.errors import DPVisionError
 from dpvision.learners.base import DPLinearClassifier, PrivateFit
 from dpvision.learners.dp_sgd_linear import clipped_gradient_sum, loss_gradient, row_sq_norms
 from dpvision.learners.linalg import psd_project, symmetrize
+from dpvision.learners.memory import CHOLESKY_WORK, EIGH_WORK, NORMAL_WORK, Footprint
 from dpvision.learners.statistics import (
     DEFAULT_CHUNK_SIZE,
     gram_statistics,
@@ -94,6 +95,29 @@ class DPFeatureCovariance(DPLinearClassifier):
             raise DPVisionError(f"epochs must be a whole number >= 1, got {self.epochs}")
         return int(self.epochs) + 1, 1.0
 
+    def _footprint(self, n: int, d: int, m: int, noisy: bool) -> Footprint:
+        """At the peak (the PSD projection): G̃, its symmetrised copy over n, the
+        eigenvectors, LAPACK's workspace of two, the reassembled matrix and its temporary,
+        then the identity and the sum (seven d×d matrices). Work: G (2nd²), the noise, one
+        eigendecomposition and one Cholesky factorisation, and the gradient passes."""
+        rows = min(n, self.chunk_size)
+        return Footprint(
+            learner="DP-FC",
+            d=d,
+            m=m,
+            n=n,
+            matrices=7.0,
+            extra_bytes=2 * 8.0 * rows * d + 8.0 * m * d * 4,
+            work=self._covariance_work(n, d, noisy) + int(self.epochs) * 4.0 * n * m * d,
+            solves="an eigendecomposition",
+        )
+
+    @staticmethod
+    def _covariance_work(n: int, d: int, noisy: bool) -> float:
+        """Work of the covariance: G, its noise, its projection and factorisation."""
+        noise = NORMAL_WORK * d * d if noisy else 0.0
+        return 2.0 * n * d * d + noise + (EIGH_WORK + CHOLESKY_WORK) * d**3
+
     def _fit_private(
         self, features: np.ndarray, labels: np.ndarray, fit: PrivateFit
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,6 +148,8 @@ class DPFeatureCovariance(DPLinearClassifier):
         covariance = psd_project(symmetrize(gram) / n) + ridge * torch.eye(d, dtype=torch.float64)
         # One factorisation serves every step.
         factor = torch.linalg.cholesky(covariance)
+        del gram, covariance
+        fit.progress.update(self._covariance_work(n, d, fit.sigma is not None))
         weight = torch.zeros(fit.num_classes, d, dtype=torch.float64)
         bias = torch.full((fit.num_classes,), float(self.bias), dtype=torch.float64)
         sq_norms = row_sq_norms(features, self.chunk_size)
@@ -157,4 +183,5 @@ class DPFeatureCovariance(DPLinearClassifier):
             # w ← w − η g̃ G̃⁻¹ (rows of w are classes): solve G̃ Δᵀ = g̃ᵀ.
             step = torch.cholesky_solve((grad / n).T, factor).T
             weight -= self.learning_rate * step
+            fit.progress.update(4.0 * n * fit.num_classes * d)
         return weight, bias

@@ -18,6 +18,7 @@ import torch
 from dpvision.errors import DPVisionError
 from dpvision.learners.base import DPLinearClassifier, PrivateFit
 from dpvision.learners.linalg import solve_psd, symmetrize
+from dpvision.learners.memory import CHOLESKY_WORK, EIGH_WORK, NORMAL_WORK, Footprint
 from dpvision.learners.statistics import (
     DEFAULT_CHUNK_SIZE,
     ClassIndex,
@@ -112,6 +113,44 @@ class DPLeastSquares(DPLinearClassifier):
     def _releases(self, n: int, d: int, m: int) -> tuple[int, float]:
         return 3, 1.0
 
+    def _block(self, d: int, m: int) -> int:
+        """Classes whose d×d matrices are processed at once (``max_block_bytes``)."""
+        return min(m, max(1, self.max_block_bytes // (8 * d**2)))
+
+    def _footprint(self, n: int, d: int, m: int, noisy: bool) -> Footprint:
+        """At the peak: the shared αG̃ and, per class of a block, its statistic, half of its
+        noise and its factor, plus (noisy: the systems are indefinite, so solved through
+        eigenvalues) a copy, the eigenvectors and LAPACK's workspace of two. The release of
+        G itself needs three (G, its noise, G̃). Work: G and all Aⱼ (2nd² flops each), the
+        noise, and two Cholesky factorisations or one eigendecomposition per class."""
+        block = self._block(d, m)
+        per_class = 6.5 if noisy else 2.5
+        rows = min(n, self.chunk_size)
+        return Footprint(
+            learner="DP-LS",
+            d=d,
+            m=m,
+            n=n,
+            matrices=max(3.0, 1.0 + per_class * block),
+            extra_bytes=2 * 8.0 * rows * d + 8.0 * m * d * 4,
+            work=self._statistics_work(n, d)
+            + m * self._class_work(n, d, m, noisy)
+            + (NORMAL_WORK * d * d if noisy else 0.0),
+            solves=f"{m} {'eigendecompositions' if noisy else 'Cholesky factorisations'}",
+        )
+
+    @staticmethod
+    def _statistics_work(n: int, d: int) -> float:
+        """Work of G = Σ x̃x̃ᵀ (a product of n rows)."""
+        return 2.0 * n * d * d
+
+    @staticmethod
+    def _class_work(n: int, d: int, m: int, noisy: bool) -> float:
+        """Work of one class: its Aⱼ (its share of the n rows), noise and solve."""
+        solve = EIGH_WORK + CHOLESKY_WORK if noisy else 2 * CHOLESKY_WORK
+        noise = NORMAL_WORK * d * d / 2 if noisy else 0.0
+        return 2.0 * n / max(m, 1) * d * d + noise + solve * d**3
+
     def _ridge(self, n: int, d: int, sigma: float | None) -> float:
         c2 = self.clip_norm**2
         if self.ridge == "auto":
@@ -129,15 +168,20 @@ class DPLeastSquares(DPLinearClassifier):
             local_x, local_y, num_classes=fit.num_classes, clip_norm=c, chunk_size=self.chunk_size
         )
         gram, sums = stats.gram, stats.class_sums
+        del stats  # the exact G is dropped as soon as G̃ exists (one d×d matrix less)
+        fit.progress.update(self._statistics_work(n, d))
         fit.workers.all_reduce_([gram, sums])  # exact sums over all ranks; the noise comes after
         common = {"noise_multiplier": fit.sigma, "ledger": fit.ledger, "generator": fit.generator}
         gram = release_gaussian(gram, l2_sensitivity=c * c, released="DP-LS G", **common)
         sums = release_gaussian(sums, l2_sensitivity=c, released="DP-LS b_j", **common)
-        shared = self.alpha * symmetrize(gram)
+        shared = symmetrize(gram).mul_(self.alpha)  # in place: no second d×d temporary
+        del gram
+        noisy = fit.sigma is not None
+        fit.progress.update(NORMAL_WORK * d * d if noisy else 0.0)
         ridge = self._ridge(n, d, fit.sigma)
         index = ClassIndex(local_y, fit.num_classes)
         coef = torch.zeros(fit.num_classes, d, dtype=torch.float64)
-        block = max(1, self.max_block_bytes // (8 * d**2))
+        block = self._block(d, fit.num_classes)
         # Two buffers reused by every block (fresh allocations of this size cost as much as
         # the noise draw): the block's d×d statistics, and its noise.
         grams_buffer = torch.empty(min(block, fit.num_classes), d, d, dtype=torch.float64)
@@ -172,6 +216,7 @@ class DPLeastSquares(DPLinearClassifier):
             grams = grams[first_mine:last_mine]
             grams += shared
             coef[mine] = solve_psd(grams, sums[mine], ridge=ridge, overwrite_matrix=True)
+            fit.progress.update(len(classes) * self._class_work(n, d, fit.num_classes, noisy))
         # Recorded once every block's noise has been drawn (the fit.ledger lists what ran).
         if fit.sigma is None:
             fit.ledger.record_non_private(released="DP-LS A_j (noise off)")

@@ -14,6 +14,7 @@ import torch
 from dpvision.errors import DPVisionError
 from dpvision.learners.base import DPLinearClassifier, PrivateFit
 from dpvision.learners.linalg import solve_psd
+from dpvision.learners.memory import CHOLESKY_WORK, EIGH_WORK, NORMAL_WORK, Footprint
 from dpvision.learners.statistics import DEFAULT_CHUNK_SIZE, iter_chunks
 from dpvision.mechanisms import clip_rows, release_gaussian
 
@@ -78,6 +79,31 @@ class DPNewton(DPLinearClassifier):
             raise DPVisionError(f"iterations must be a whole number >= 1, got {self.iterations}")
         return 2 * int(self.iterations), 1.0
 
+    def _footprint(self, n: int, d: int, m: int, noisy: bool) -> Footprint:
+        """At the peak (the solve): the m noisy Hessians, their mean over n, the symmetrised
+        copy, the Cholesky factors and (noisy: solved through eigenvalues) a copy, the
+        eigenvectors and LAPACK's workspace: about seven m·d×d matrices. Work per
+        iteration: the m weighted Gram sums (2nd² each), their noise and m solves."""
+        rows = min(n, self.chunk_size)
+        return Footprint(
+            learner="DP-Newton",
+            d=d,
+            m=m,
+            n=n,
+            matrices=(7.0 if noisy else 4.0) * m,
+            extra_bytes=2 * 8.0 * rows * d + 8.0 * rows * m * 3,
+            work=int(self.iterations) * self._iteration_work(n, d, m, noisy),
+            solves=f"{int(self.iterations) * m} "
+            f"{'eigendecompositions' if noisy else 'Cholesky factorisations'}",
+        )
+
+    @staticmethod
+    def _iteration_work(n: int, d: int, m: int, noisy: bool) -> float:
+        """Work of one Newton step: statistics, noise and the m solves."""
+        solve = EIGH_WORK + CHOLESKY_WORK if noisy else 2 * CHOLESKY_WORK
+        noise = NORMAL_WORK * m * d * d if noisy else 0.0
+        return 2.0 * n * m * d * d + noise + solve * m * d**3
+
     def _fit_private(
         self, features: np.ndarray, labels: np.ndarray, fit: PrivateFit
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,4 +158,6 @@ class DPNewton(DPLinearClassifier):
             mean_grad = grad / n + ridge * weight
             step = solve_psd(hessian / n, mean_grad, ridge=ridge)
             weight -= self.learning_rate * step
+            del hessian, step
+            fit.progress.update(self._iteration_work(n, d, m, fit.sigma is not None))
         return weight, torch.zeros(m, dtype=torch.float64)

@@ -17,6 +17,7 @@ import torch
 from dpvision.averaging import ParameterEMA
 from dpvision.errors import DPVisionError
 from dpvision.learners.base import DPLinearClassifier, PrivateFit
+from dpvision.learners.memory import NORMAL_WORK, Footprint
 from dpvision.learners.statistics import DEFAULT_CHUNK_SIZE, on_device, read_rows
 from dpvision.mechanisms import PoissonSampler, SecureRandom, clipping
 from dpvision.mechanisms.clip_policy import ClipPolicy, adaptive_options, make_clip_policy
@@ -263,6 +264,30 @@ class DPSGDLinear(DPLinearClassifier):
             raise DPVisionError(f"epochs must be > 0, got {self.epochs}")
         return max(1, math.ceil(self.epochs / self._sample_rate(n) - 1e-9))
 
+    def _footprint(self, n: int, d: int, m: int, noisy: bool) -> Footprint | None:
+        """No d×d matrix (memory linear in d); the work of its steps, for the progress and
+        the time estimate: per step the expected batch's scores, per-example gradient norms
+        and clipped sum (about ten flops per row, feature and class) and the noise."""
+        try:
+            q, steps = self._sample_rate(n), self._steps(n)
+        except (DPVisionError, TypeError):  # refused with its own message by fit
+            return None
+        return Footprint(
+            learner="DP-SGD-linear",
+            d=d,
+            m=m,
+            n=n,
+            matrices=0.0,
+            extra_bytes=8.0 * (3 * min(n, self.chunk_size) * d + 6 * m * d),
+            work=steps * self._step_work(q * n, d, m),
+            solves=f"{steps} noisy steps",
+        )
+
+    @staticmethod
+    def _step_work(batch: float, d: int, m: int) -> float:
+        """Work of one step on an expected batch of ``batch`` rows."""
+        return 10.0 * batch * d * m + NORMAL_WORK * m * d
+
     def _releases(self, n: int, d: int, m: int) -> tuple[int, float]:
         if not (isinstance(self.ema_decay, int | float) and 0 <= self.ema_decay < 1):
             raise DPVisionError(f"ema_decay must be in [0, 1), got {self.ema_decay!r}")
@@ -306,6 +331,7 @@ class DPSGDLinear(DPLinearClassifier):
                 optimizer=optimizer,
                 context=context,
             )
+            fit.progress.update(self._step_work(q * n, d, fit.num_classes))
         # Adaptive clipping: the last clip norm (post-processing of the noisy counts).
         self.final_clip_norm_ = policy.adapted_clip
         averaged = head if ema is None else ema.copy_to(_Head(fit.num_classes, d, 0.0))

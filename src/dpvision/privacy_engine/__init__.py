@@ -48,7 +48,13 @@ What happens, in Opacus' terms:
 Opacus code runs with only the import changed: ``PrivacyEngine(secure_mode=False)``,
 ``make_private(..., clipping="flat", grad_sample_mode=...)`` (any of Opacus' modes; with
 ``"ghost"`` the criterion is returned too), ``engine.accountant.get_epsilon(delta)``,
-:class:`BatchMemoryManager` and :class:`ModuleValidator`. Where dpvision deliberately
+``accountant.history`` and ``state_dict()``/``load_state_dict()``,
+``engine.save_checkpoint``/``load_checkpoint`` (module, optimizer, accountant; no secret
+randomness in the file, :mod:`dpvision.privacy_engine.checkpoint`),
+``model.disable_hooks()``/``enable_hooks()`` (a step while they are off is refused),
+:class:`BatchMemoryManager` and :class:`ModuleValidator`. Opacus' sample rate is
+1/len(data_loader) = 1/⌈N/B⌉; dpvision's is B/N (the same when B divides N; B/N is the
+rate at which each example is in a batch of expected size B). Where dpvision deliberately
 differs it refuses in one line: only Poisson sampling (the accountant assumes it), flat
 clipping, examples first in every layer. Every standard layer is supported (see
 :mod:`dpvision.per_example.layers`); BatchNorm only with frozen statistics. What cannot be

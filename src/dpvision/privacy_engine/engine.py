@@ -8,6 +8,7 @@ the code and every published byte.
 """
 
 import math
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -15,7 +16,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, default_collate
 
-from dpvision.accounting import PrivacyLedger, calibrate_noise_multiplier, parse_accountant
+from dpvision.accounting import (
+    LedgerEntry,
+    PrivacyLedger,
+    calibrate_noise_multiplier,
+    parse_accountant,
+)
 from dpvision.accounting.accountants import Accountant
 from dpvision.averaging import ParameterEMA
 from dpvision.errors import DPVisionError
@@ -27,6 +33,14 @@ from dpvision.mechanisms.secret import SecretRandomness
 from dpvision.models import validate_model
 from dpvision.per_example.bookkeeping import unsupported_layers
 from dpvision.per_example.tape import ActivationTape
+from dpvision.privacy_engine.checkpoint import (
+    CheckpointPath,
+    checkpoint_contents,
+    load_module_state,
+    read_checkpoint,
+    refuse_schedulers,
+    write_checkpoint,
+)
 from dpvision.privacy_engine.data_loader import (
     DPDataLoader,
     EmptySafeCollate,
@@ -74,6 +88,9 @@ class PrivacyEngine:
         self.accountant = LedgerAccountant(kind, self.ledger)
         self.optimizer: DPOptimizer | None = None
         self._made = 0  # make_private calls: each gets its own secret streams
+        # Whether a make_private used secret_seed / a checkpoint was loaded: together they
+        # would replay the first steps' noise on the resumed steps (load_checkpoint).
+        self._replayable = self._resumed = False
 
     def make_private(
         self,
@@ -289,8 +306,11 @@ class PrivacyEngine:
                 "secure_mode draws the noise from the operating system's CSPRNG: do not pass a "
                 "noise_generator"
             )
+        if secret_seed is not None and self._resumed:
+            raise DPVisionError(REPLAY)
         # Secret: the noise and the sampling. Kept in no attribute; a stream per call.
         secret = SecretRandomness(secret_seed, secure=self.secure_mode)
+        self._replayable = self._replayable or secret_seed is not None
         call, self._made = self._made, self._made + 1
         return secret, call
 
@@ -388,12 +408,97 @@ class PrivacyEngine:
         """ε at ``delta`` of everything this engine released, by its accountant."""
         return self.accountant.get_epsilon(delta)
 
+    def save_checkpoint(
+        self,
+        *,
+        path: CheckpointPath,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        noise_scheduler: object = None,
+        grad_clip_scheduler: object = None,
+        checkpoint_dict: dict[str, Any] | None = None,
+        module_state_dict_kwargs: dict[str, Any] | None = None,
+        torch_save_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        """Opacus' ``save_checkpoint``: ``module``'s ``state_dict``, the (wrapped)
+        optimizer's and the accountant's (:meth:`LedgerAccountant.state_dict`: the ledger) in
+        one file at ``path``, with the entries of ``checkpoint_dict`` (an epoch counter, a
+        scheduler of your own); also the EMA when the optimizer keeps one. Written
+        atomically. Opacus' noise and clip schedulers do not exist here and are refused.
+
+        Privacy:
+          Releases post-processing of the noisy releases (parameters, optimizer state, EMA)
+          and the public accounting: the file is as public as the model. It holds no noise
+          generator, sampler state or key, so it replays no noise
+          (:mod:`dpvision.privacy_engine.checkpoint`).
+        """
+        refuse_schedulers(noise_scheduler, grad_clip_scheduler)
+        contents = checkpoint_contents(
+            module,
+            optimizer,
+            self.accountant.state_dict(),
+            checkpoint_dict,
+            module_state_dict_kwargs,
+        )
+        write_checkpoint(path, contents, torch_save_kwargs)
+
+    def load_checkpoint(
+        self,
+        *,
+        path: CheckpointPath,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        noise_scheduler: object = None,
+        grad_clip_scheduler: object = None,
+        module_load_dict_kwargs: dict[str, Any] | None = None,
+        torch_load_kwargs: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Opacus' ``load_checkpoint``: restores ``module``, ``optimizer`` (and its EMA) and
+        the accountant from a :meth:`save_checkpoint` file, and returns the file's dict (your
+        ``checkpoint_dict`` entries included), so that ε continues from the steps it records.
+
+        Call it on a new engine before training, after ``make_private`` (as in Opacus) or
+        before it (then ``make_private_with_epsilon`` calibrates σ after the loaded steps).
+        The file is read without running code (``weights_only``).
+
+        Raises:
+          DPVisionError: a missing or foreign file, a module it does not fit, an engine that
+            already took steps (they would drop out of ε), or ``secret_seed``: a resumed run
+            seeded like the first would draw the first steps' noise and batches again.
+
+        Privacy:
+          Reads public accounting and post-processed parameters. The resumed steps draw
+          noise and batches from this engine's own secret randomness (fresh OS entropy by
+          default), never from anything in the file.
+        """
+        refuse_schedulers(noise_scheduler, grad_clip_scheduler)
+        if self._replayable:
+            raise DPVisionError(REPLAY)
+        contents: dict[str, Any] = read_checkpoint(path, torch_load_kwargs)
+        self.accountant.check_fresh()
+        load_module_state(module, contents["module_state_dict"], module_load_dict_kwargs)
+        self.accountant.load_state_dict(contents["privacy_accountant_state_dict"])
+        self._resumed = True
+        if optimizer is not None and contents.get("optimizer_state_dict"):
+            optimizer.load_state_dict(contents["optimizer_state_dict"])
+        ema = optimizer.ema if isinstance(optimizer, DPOptimizer) else None
+        if ema is not None and "ema_state_dict" in contents:
+            ema.load_state_dict(contents["ema_state_dict"])
+        return contents
+
+
+REPLAY = (
+    "a checkpoint and secret_seed together would draw the first steps' noise and batches "
+    "again for the resumed steps: resume without secret_seed (fresh OS entropy, the default)"
+)
+
 
 class LedgerAccountant:
     """What Opacus code reads as ``privacy_engine.accountant``: ε of the engine's ledger.
 
     Unlike Opacus' accountants it keeps no history of its own: the ledger of the steps that
-    ran is the only input, so ``get_epsilon`` can never disagree with ``engine.ledger``.
+    ran is the only input, so ``get_epsilon`` can never disagree with ``engine.ledger``;
+    :attr:`history` is the ledger in Opacus' form.
     """
 
     def __init__(self, kind: Accountant, ledger: PrivacyLedger) -> None:
@@ -411,6 +516,61 @@ class LedgerAccountant:
     def __len__(self) -> int:
         """The number of noisy steps accounted (Opacus: the length of the history)."""
         return int(self.ledger.total_count)
+
+    @property
+    def history(self) -> list[tuple[float, float, int]]:
+        """Opacus' ``accountant.history``: ``(noise_multiplier, sample_rate, num_steps)``
+        for each run of consecutive steps with the same σ and q, in order (read-only: a
+        view of the ledger, which records the steps)."""
+        out: list[tuple[float, float, int]] = []
+        for entry in self.ledger:
+            if not isinstance(entry, LedgerEntry):  # only tune records selections
+                raise DPVisionError(f"{entry.released!r} has no (σ, q, steps) form")
+            if out and out[-1][:2] == (entry.noise_multiplier, entry.sample_rate):
+                out[-1] = (*out[-1][:2], out[-1][2] + entry.count)
+            else:
+                out.append((entry.noise_multiplier, entry.sample_rate, entry.count))
+        return out
+
+    def state_dict(self) -> "OrderedDict[str, Any]":
+        """Opacus' accountant ``state_dict``: ``history`` and ``mechanism``, plus the
+        ``ledger`` itself (what each step released and its sensitivity)."""
+        return OrderedDict(
+            history=self.history, mechanism=self.mechanism(), ledger=self.ledger.to_dict()
+        )
+
+    def check_fresh(self) -> None:
+        """Refuses to load over steps already accounted: they would drop out of ε."""
+        if len(self.ledger):
+            raise DPVisionError(
+                f"this engine has already accounted {self.ledger.total_count} steps, which "
+                "loading a state would drop from ε: load the checkpoint into a new "
+                "PrivacyEngine before training"
+            )
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Opacus' ``load_state_dict``: the steps of a :meth:`state_dict` (or of an Opacus
+        accountant's, from its ``history``) become this engine's ledger, so ε continues
+        from them. Any accountant's state loads (the steps are the same for all); into an
+        engine that already accounted steps it is refused."""
+        self.check_fresh()
+        if not isinstance(state_dict, dict) or "history" not in state_dict:
+            raise DPVisionError("not an accountant state_dict: it has no 'history'")
+        if "ledger" in state_dict:
+            loaded = PrivacyLedger.from_dict(state_dict["ledger"])
+        else:  # an Opacus accountant's: (σ, q, steps) triples
+            loaded = PrivacyLedger()
+            try:
+                for sigma, rate, steps in state_dict["history"]:
+                    loaded.record(
+                        noise_multiplier=sigma,
+                        sample_rate=rate,
+                        count=steps,
+                        released="DP-SGD gradient sum (from an accountant's history)",
+                    )
+            except (TypeError, ValueError) as error:
+                raise DPVisionError(f"malformed accountant history: {error}") from None
+        self.ledger.extend(loaded)
 
 
 def _check_options(

@@ -128,6 +128,7 @@ class OutputGate:
         self.inputs: dict[int, list[torch.Tensor]] = {}  # pass → row_sizes of its inputs
         self.targets: dict[int, list[torch.Tensor]] = {}  # pass → PerExampleLoss's targets
         self.refusal: str | None = None
+        self.hooks_enabled = True  # off: the module records nothing (``disable_hooks``)
 
     def scale(self, rows: int) -> float:
         """s: what the declared reduction multiplies each row's loss by."""

@@ -76,7 +76,7 @@ class PrivateModule(nn.Module):
           DPVisionError: the batch is not whole examples, a layer does not keep them apart,
             or the pass wrote one of the module's buffers (see the message).
         """
-        if not torch.is_grad_enabled() or not self.training:
+        if not torch.is_grad_enabled() or not self.training or not self.hooks_enabled:
             with self._tape.paused():
                 return self._module(*args, **kwargs)
         batch = batch_tensor(args, kwargs)
@@ -227,6 +227,24 @@ class PrivateModule(nn.Module):
             yield
         finally:
             self._same_examples = False
+
+    def disable_hooks(self) -> None:
+        """Opacus' ``disable_hooks``: forward passes run the plain module and record nothing,
+        for a non-private forward and backward (a public batch, a probe). An
+        ``optimizer.step()`` over such a pass is refused: it has no per-example gradients to
+        clip, and the exact gradient is never released. :meth:`enable_hooks` turns them back
+        on."""
+        self._gate.hooks_enabled = False
+
+    def enable_hooks(self) -> None:
+        """Opacus' ``enable_hooks``: forward passes in training mode are recorded again."""
+        self._gate.hooks_enabled = True
+
+    @property
+    def hooks_enabled(self) -> bool:
+        """Opacus' ``GradSampleModule.hooks_enabled``: whether passes are recorded (shared
+        with the optimizer, which refuses a step while they are off)."""
+        return self._gate.hooks_enabled
 
     def remove_hooks(self) -> None:
         """Detaches the recording hooks (the module then trains without privacy)."""

@@ -248,8 +248,11 @@ class DPOptimizer(torch.optim.Optimizer):
         return self.original_optimizer.state_dict()
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restores the wrapped optimizer's state."""
+        """Restores the wrapped optimizer's state (torch rebinds its ``state`` and
+        ``param_groups``: this object shares the new ones)."""
         self.original_optimizer.load_state_dict(state_dict)
+        self.state = self.original_optimizer.state
+        self.param_groups = self.original_optimizer.param_groups
 
     def _accumulate(self, announced: "Chunk | None") -> None:
         """Adds the clipped sum of the physical batch the hooks recorded, then forgets it.
@@ -289,8 +292,9 @@ class DPOptimizer(torch.optim.Optimizer):
             if announced is not None and announced.rows > 0 and not pass_rows:
                 raise DPVisionError(
                     "no forward pass was recorded over this batch: the private module runs "
-                    "without recording in evaluation mode or under torch.no_grad(); call "
-                    "model.train() before training"
+                    "without recording in evaluation mode, under torch.no_grad() or after "
+                    "model.disable_hooks(); call model.train() (and model.enable_hooks()) "
+                    "before the private forward pass"
                 )
             return
         if passes[0] not in verified:
@@ -379,6 +383,16 @@ class DPOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if not self.gate.hooks_enabled:
+            self.tape.clear()
+            self.gate.clear()
+            for param in self.params.values():
+                param.grad = None  # the exact gradient of the unrecorded pass goes nowhere
+            raise DPVisionError(
+                "optimizer.step() while model.disable_hooks() is in effect: that pass "
+                "recorded no per-example gradients to clip; call model.enable_hooks() "
+                "before the private forward pass"
+            )
         announced: Chunk | None
         if self._chunk is not None:
             announced = self._chunk

@@ -89,8 +89,31 @@ def apply_recipe(
     recipe = {"default": "method" in chosen, "set": chosen, "why": why}
     if "features" in chosen and "method" not in chosen:
         recipe["why"] += f"; features {chosen['features']} are the default of {config.method}"
-    recipe["summary"] = describe(config.to_dict(), recipe)
+    recipe["summary"] = _summary(config, recipe)
     return config, recipe
+
+
+def _summary(config: TrainConfig, recipe: dict[str, Any]) -> str:
+    """:func:`~dpvision.recipes.describe`'s line; for ``dp-sgd`` and ``dp-randp`` with the
+    batch size, schedule, learning rate, momentum (or Adam) and clip norm the run uses, the
+    learner's defaults included, named as such (public: the config)."""
+    if config.method not in ("dp-sgd", "dp-randp"):
+        return describe(config.to_dict(), recipe)
+    options = config.dpsgd
+    length = {"steps": options.steps} if options.steps is not None else {"epochs": options.epochs}
+    used = {
+        "batch_size": options.batch_size,
+        **length,
+        "learning_rate": options.learning_rate,
+        "max_grad_norm": options.max_grad_norm,
+    }
+    line = describe({**config.to_dict(), "learner": {**config.learner, **used}}, recipe)
+    head, _, why = line.partition(" — ")
+    optimizer = "adam" if options.optimizer == "adam" else f"momentum {options.momentum:g}"
+    keys = [*used, "momentum" if options.optimizer == "sgd" else "optimizer"]
+    defaults = [key for key in keys if key not in config.learner]
+    note = f" (learner defaults: {', '.join(defaults)})" if defaults else ""
+    return f"{head}, {optimizer} — {why}{note}"
 
 
 @dataclasses.dataclass(frozen=True)

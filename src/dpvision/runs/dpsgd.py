@@ -46,7 +46,7 @@ from dpvision.mechanisms.clip_policy import ClipPolicy, adaptive_options, make_c
 from dpvision.mechanisms.gradient_release import GradientRelease, ReleaseContext
 from dpvision.mechanisms.secret import SecretRandomness
 from dpvision.runs.inputs import load_inputs
-from dpvision.runs.network import prepare_model, released_model
+from dpvision.runs.network import check_network, prepare_model, released_model
 from dpvision.runs.saved import TrainedModel
 from dpvision.runs.schedule import Schedule, prepare_schedule, run_seeds, run_settings
 from dpvision.runs.schedule import noise_multiplier_for as noise_multiplier_for  # for audit
@@ -154,6 +154,7 @@ class _Run:
         workers.check_agree(fingerprint(settings), "the configuration")
         options, place = config.dpsgd, config.placement
         data, preprocessing = load_inputs(config, options, secret, quiet)
+        check_network(options, data)  # one forward of zeros: a shape mismatch in one line
         data = data.to(place.device)
         schedule, released = prepare_schedule(config, data, secret, validation)
         check_memory(options, data.train_x.shape[1:], place.device)
@@ -354,6 +355,8 @@ class _Run:
             "n_train": len(self.data.train_y),
             "n_test": len(self.data.test_y),
             "num_features": int(np.prod(self.data.train_x.shape[1:])),
+            # Public: the model's input, (C, H, W) of the images (or of the feature maps).
+            "input_shape": [int(v) for v in self.data.train_x.shape[1:]],
             "num_parameters": int(sum(p.numel() for p in model.parameters())),
             "num_trained_parameters": int(
                 sum(p.numel() for p in model.parameters() if p.requires_grad)

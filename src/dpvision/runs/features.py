@@ -81,6 +81,14 @@ def run_features(
                 config.public_fraction,
                 what=f"the {spec.name} weights {source}",
             )
+        # The learner's d×d matrices must fit: refused (or warned of) before the extraction.
+        LEARNERS[config.method](
+            num_classes=dataset.num_classes, device=str(config.placement.device), **config.learner
+        ).check_resources(
+            dataset.num_train,
+            int(np.prod(feature_shape(tuple(dataset.train_images.shape[1:]), spec))),
+            noisy=not config.noise_off,
+        )
         say(
             f"features {config.features} for {dataset.num_train} + {dataset.num_test} images",
             quiet,

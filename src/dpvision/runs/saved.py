@@ -6,6 +6,7 @@
     from dpvision import load_model
     model = load_model("model.safetensors")
     model.predict(images)          # uint8 (N, H, W, C), as the dataset's images
+    model.predict_proba(images)    # (N, m) class probabilities, rows summing to 1
     model.epsilon, model.ledger    # what training spent
 
 The file is `safetensors <https://github.com/huggingface/safetensors>`_: the tensors (the
@@ -39,7 +40,10 @@ from dpvision.features import encoder_digest, extract_features, parse_feature_sp
 from dpvision.features.backbone import feature_source
 from dpvision.features.preprocessing import FittedPreprocessing, PreprocessingConfig
 from dpvision.fileio import atomic_open
+from dpvision.learners.base import softmax
 from dpvision.models.registry import build_model
+from dpvision.models.sources import INSTALL, missing_package
+from dpvision.models.spec import ModelSpec
 
 __all__ = ["MODEL_FORMAT", "TrainedModel", "load_model"]
 
@@ -66,8 +70,12 @@ class TrainedModel:
       input_shape: (C, H, W) the network takes (``None`` for a linear model).
       coef, intercept: the linear model (m × d, m), or ``None``.
       network: the network (evaluation mode), or ``None``.
-      model_name, groups, batchnorm: how :func:`dpvision.models.registry.build_model`
-        rebuilds it (``batchnorm``: what became of a timm/torchvision model's BatchNorm).
+      model_name, model_args, groups, batchnorm: how
+        :func:`dpvision.models.registry.build_model` rebuilds it (``model_args``: the
+        constructor arguments of an external model, ``learner.model_args``; ``batchnorm``:
+        what became of a timm/torchvision model's BatchNorm). A ``python:FILE.py:CALLABLE``
+        model is recorded with the file's absolute path, so the file loads from any
+        directory.
       privacy: ``epsilon``, ``delta``, ``accountant``, ``noise_multiplier`` and
         ``privacy_ledger`` (every release) of the run.
       config: the resolved config of the run.
@@ -91,6 +99,7 @@ class TrainedModel:
     intercept: np.ndarray | None = None
     network: nn.Module | None = None
     model_name: str | None = None
+    model_args: dict[str, Any] = dataclasses.field(default_factory=dict)
     groups: int | None = None
     batchnorm: str | None = None
     encoder_sha256: str | None = None
@@ -133,6 +142,18 @@ class TrainedModel:
     def predict(self, inputs: np.ndarray) -> np.ndarray:
         """The predicted class of each image (int64, 0 … m−1)."""
         return self.decision_function(inputs).argmax(axis=1).astype(np.int64)
+
+    def predict_proba(self, inputs: np.ndarray) -> np.ndarray:
+        """Class probabilities (N, m), float64, each row summing to 1: the softmax of
+        :meth:`decision_function` (the most probable class is :meth:`predict`'s). A network
+        or DP-Newton / DP-SGD-linear head trained with cross-entropy gives its own
+        probabilities; for DP-LS and DP-FC the softmax only orders the classes like their
+        least-squares scores (not calibrated).
+
+        Privacy:
+          Post-processing of the released model: no privacy cost.
+        """
+        return softmax(self.decision_function(inputs))
 
     def score(self, inputs: np.ndarray, labels: np.ndarray) -> float:
         """Accuracy on (inputs, labels)."""
@@ -217,6 +238,7 @@ class TrainedModel:
             "pixel_std": self.pixel_std,
             "input_shape": self.input_shape,
             "model_name": self.model_name,
+            "model_args": self.model_args,
             "groups": self.groups,
             "batchnorm": self.batchnorm,
             "privacy": self.privacy,
@@ -232,7 +254,9 @@ def load_model(path: str | Path) -> TrainedModel:
     """The model saved at ``path`` by ``dpvision train --save`` (no code is run).
 
     Raises:
-      DPVisionError: the file is missing, not a dpvision model, or damaged (one line).
+      DPVisionError: one line: the file is missing, not a dpvision model, or damaged; or
+        intact but what it needs is not here (timm or torchvision, a ``python:`` factory's
+        file, an ``encoder:`` file), named with the fix.
     """
     path = Path(path)
     if not path.is_file():
@@ -247,10 +271,37 @@ def load_model(path: str | Path) -> TrainedModel:
         ) from None
     if not isinstance(document, dict) or document.get("format") != MODEL_FORMAT:
         raise DPVisionError(f"{path}: unknown model format {document.get('format')!r}")
+    _check_needs(path, document)
     try:
         return _from_document(document, tensors)
+    except DPVisionError as error:  # intact, but what it needs is not here: say what
+        raise DPVisionError(f"{path}: {error}") from None
     except (KeyError, TypeError, ValueError, RuntimeError) as error:
         raise DPVisionError(f"{path}: damaged model file ({type(error).__name__})") from None
+
+
+def _check_needs(path: Path, document: dict[str, Any]) -> None:
+    """One-line errors for an intact model file whose network cannot be built here: the
+    ``models`` extra is not installed, or a ``python:`` factory's file is gone."""
+    name = document.get("model_name")
+    if not isinstance(name, str):
+        return
+    try:
+        spec = ModelSpec.parse(name)
+    except DPVisionError:
+        return  # a damaged record: reported as such when it is read
+    package = missing_package(spec.source)
+    if package is not None:
+        raise DPVisionError(
+            f"{path}: this model file needs {package} ({name}), which is not installed; "
+            f"install the models extra: {INSTALL}"
+        )
+    module = spec.name.rpartition(":")[0]
+    if spec.kind == "python" and module.endswith(".py") and not Path(module).is_file():
+        raise DPVisionError(
+            f"{path}: this model's network is built by {name}, and the file {module} is "
+            "missing (the model file holds the weights, not the code): put it back there"
+        )
 
 
 def _from_document(document: dict[str, Any], tensors: dict[str, torch.Tensor]) -> TrainedModel:
@@ -269,8 +320,9 @@ def _from_document(document: dict[str, Any], tensors: dict[str, torch.Tensor]) -
     network = None
     if document["model_name"] is not None:
         input_shape = tuple(document["input_shape"])
+        spec = ModelSpec.parse(document["model_name"]).with_args(document.get("model_args"))
         network = build_model(
-            document["model_name"],
+            spec,
             input_shape,
             document["num_classes"],
             groups=document["groups"],
@@ -314,6 +366,7 @@ def _from_document(document: dict[str, Any], tensors: dict[str, torch.Tensor]) -
         intercept=tensors["intercept"].numpy() if "intercept" in tensors else None,
         network=network,
         model_name=document["model_name"],
+        model_args=dict(document.get("model_args") or {}),
         groups=document["groups"],
         batchnorm=document.get("batchnorm"),
         encoder_sha256=document["encoder_sha256"],

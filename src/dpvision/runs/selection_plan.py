@@ -98,6 +98,55 @@ def plan_selection(
     )
 
 
+SCORE_NOISE_WARNING = 0.02
+"""Above this noise std on the validation accuracy (2 points), tune warns: the candidates
+it chooses among rarely differ by much more (docs/guide/tune.md)."""
+
+
+def score_noise_warning(score_noise: float, num_validation: int, num_train: int) -> str | None:
+    """The warning when the score noise swamps the differences the selection must detect;
+    ``None`` when it does not.
+
+    A run's released score is its count of correct validation examples plus N(0, σ_v²),
+    so the noise on its accuracy has std X = σ_v / n_val (sensitivity 1/n_val of an
+    accuracy, times σ_v). Two candidates' scores differ by noise of std √2·X, so a true
+    difference below about 2√2·X (two of those stds) is lost: the worse candidate wins
+    more than one comparison in 40. X falls to 1 point with n_val = 100·σ_v validation
+    examples, a validation fraction of about that over the n_train + n_val rows split.
+
+    Privacy: σ_v and n_val, n_train are already published (the plan line, the result's
+    ``tuning``); nothing here reads an example.
+
+    >>> print(score_noise_warning(12.3, 45, 400))  # doctest: +NORMALIZE_WHITESPACE
+    tune: the validation scores carry noise of ±27.3 points of accuracy (σ_v = 12.3 on 45
+    validation examples), so candidates that differ by less than about 77 points are not
+    told apart and the choice is close to random; about 1230 validation examples would bring
+    it to ±1 point (more than the 445 examples split into training and validation; a
+    smaller --score-noise costs more of ε)
+    >>> score_noise_warning(12.3, 6000, 54000) is None
+    True
+    """
+    noise = score_noise / num_validation
+    if noise <= SCORE_NOISE_WARNING:
+        return None
+    needed = math.ceil(100 * score_noise)
+    rows = num_train + num_validation
+    fraction = math.ceil(1000 * needed / rows) / 1000  # rounded up: at least ``needed``
+    how = (
+        f"validation_fraction = {fraction:g}"
+        if fraction <= 0.5
+        else f"more than the {rows} examples split into training and validation; a smaller "
+        "--score-noise costs more of ε"
+    )
+    return (
+        f"tune: the validation scores carry noise of ±{100 * noise:.1f} points of accuracy "
+        f"(σ_v = {score_noise:.3g} on {num_validation} validation examples), so candidates "
+        f"that differ by less than about {200 * math.sqrt(2) * noise:.0f} points are not told "
+        f"apart{' and the choice is close to random' if noise > 0.1 else ''}; about "
+        f"{needed} validation examples would bring it to ±1 point ({how})"
+    )
+
+
 def _planned_releases(config: TrainConfig, num_train: int) -> tuple[int, float]:
     """(count, q) of the Gaussian releases one training run of ``config`` makes."""
     if config.method == "dp-sgd":
@@ -131,8 +180,14 @@ def _candidates(
     ``secret``: the tune's, whose validation split every run shares."""
     out: list[Candidate] = []
     sizes: set[tuple[int, int]] = set()
-    for index, setting in enumerate(search.candidates()):
-        config, recipe = apply_recipe(override(base, set_items(setting)), secret)
+    # Every candidate's config is validated before the first reads the data, so that a bad
+    # value anywhere in the search is a one-line error before any work.
+    settings = search.candidates()
+    configs = [override(base, set_items(setting)) for setting in settings]
+    for setting, validated in zip(settings, configs, strict=True):
+        _check_candidate(validated, setting)  # again below, with the recipe's preprocessing
+    for index, (setting, validated) in enumerate(zip(settings, configs, strict=True)):
+        config, recipe = apply_recipe(validated, secret)
         _check_candidate(config, setting)
         facts = data_facts(config, secret)
         sizes.add((facts.num_train, facts.num_validation))

@@ -145,6 +145,19 @@ def _ema_note(result: dict[str, Any]) -> str:
     )
 
 
+def _inputs(result: dict[str, Any]) -> str:
+    """What the learner was given: a deep model's images (H×W×C, as the dataset's images are
+    read) or feature maps, or a feature learner's feature vectors."""
+    shape = result.get("input_shape")
+    if "model" not in result or not shape:
+        return f"features {result['features']} ({result['num_features']} dims)"
+    if result["features"] == "pixels" and len(shape) == 3:
+        channels, height, width = shape
+        return f"model {result['model']} on {height}×{width}×{channels} images"
+    maps = "×".join(str(v) for v in shape)
+    return f"model {result['model']} on {result['features']} features ({maps})"
+
+
 def _validation_note(result: dict[str, Any]) -> str:
     if result.get("validation_accuracy") is None:
         return ""
@@ -170,7 +183,6 @@ def _phases_note(result: dict[str, Any]) -> str:
 def summary(result: dict[str, Any]) -> str:
     """A few readable lines about a result."""
     sigma = result["noise_multiplier"]
-    model = f" ({result['model']})" if "model" in result else ""
     privacy = (
         "no noise (ε = ∞): non-private baseline"
         if sigma is None
@@ -185,9 +197,8 @@ def summary(result: dict[str, Any]) -> str:
         )
     )
     return (
-        f"{result['method']}{model} on {result['dataset']} ({result['n_train']} train / "
-        f"{result['n_test']} test), features {result['features']} "
-        f"({result['num_features']} dims)\n"
+        f"{result['method']} on {result['dataset']} ({result['n_train']} train / "
+        f"{result['n_test']} test), {_inputs(result)}\n"
         f"{_validation_note(result)}"
         f"test accuracy {100 * result['test_accuracy']:.2f} %{_ema_note(result)}\n"
         f"privacy: {privacy}\n"

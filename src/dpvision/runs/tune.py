@@ -34,12 +34,40 @@ drawn — the search, the distribution of K and its mean, the noise factor and m
 in which order, any other run's score, and any timing of the search (a total wall time is
 about K times one run's); the runs' own log records and warnings are withheld. Only K = 0
 (a Poisson K) shows, inherently: there is no model.
+
+Progress (issue 39): the search can take minutes, and K must stay secret, so what tune
+prints is chosen by what it would tell.
+
+* Log lines (captured stderr, ``--log-file``: published) are a fixed set whatever K, the
+  draws and the timing: the plan (public before any coin), the score-noise warning when
+  the plan calls for it (:func:`~dpvision.runs.selection_plan.score_noise_warning`, from
+  public σ_v and n_val), and the selected candidate. No line per run, no "run k", no
+  heartbeat in the log: lines every 10 s would number about K times one run's duration
+  over 10 s, and their count is in every captured log.
+* Every byte a run writes itself is withheld (:func:`_withheld_output`: log records,
+  warnings, and stdout/stderr, so a progress bar a run draws — feature extraction, a
+  learner's solves — or a model factory's ``print`` never shows): a bar restarting, or a
+  per-run line, counts the runs.
+* On an interactive terminal only, one line is redrawn in place every
+  :data:`HEARTBEAT_SECONDS` (:func:`_heartbeat`) with the elapsed time and the public
+  distribution of K, and erased when the search ends, so nothing of it stays in the
+  scrollback or reaches a log. Its text depends on the elapsed time and public facts
+  alone. It shows no time left: that needs one run's duration, and measuring it on the
+  runs would tell which candidates ran and, with the total, K. The whole search takes
+  about K times one run's time: anyone who times the process learns roughly K, which no
+  implementation of a secret K can prevent; dpvision publishes no duration (the result
+  withholds ``wall_seconds``, and a ``--log-file`` gets the tune's lines without their
+  timestamps: :func:`_untimed_log_files`), so do not publish one.
 """
 
 import contextlib
 import dataclasses
 import logging
 import math
+import os
+import sys
+import threading
+import time
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -49,12 +77,17 @@ import numpy as np
 
 from dpvision.config import TrainConfig, resolve, validate
 from dpvision.errors import DPVisionError
-from dpvision.log import say
+from dpvision.log import logger, say
 from dpvision.mechanisms import SecureRandom
 from dpvision.mechanisms.secret import SecretRandomness
 from dpvision.runs.saved import TrainedModel, privacy_of
 from dpvision.runs.search import Search, TuneSettings, parse_distribution, parse_search, set_items
-from dpvision.runs.selection_plan import Candidate, SelectionPlan, plan_selection
+from dpvision.runs.selection_plan import (
+    Candidate,
+    SelectionPlan,
+    plan_selection,
+    score_noise_warning,
+)
 from dpvision.runs.train import fit
 from dpvision.runs.validation import ValidationRelease
 
@@ -69,6 +102,8 @@ __all__ = [
 ]
 
 DEFAULT_VALIDATION_FRACTION = 0.1
+HEARTBEAT_SECONDS = 5.0
+"""How often the terminal-only line of :func:`_heartbeat` is redrawn."""
 
 
 def run_tune(
@@ -86,6 +121,14 @@ def run_tune(
     K, the candidates drawn and every run but the best stay secret: the result, the model
     and the log say nothing of them.
     """
+    with _untimed_log_files():
+        return _tune(base, search, settings, quiet)
+
+
+def _tune(
+    base: TrainConfig, search: Search, settings: TuneSettings, quiet: bool
+) -> tuple[dict[str, Any], TrainedModel | None]:
+    """:func:`run_tune`'s work."""
     if base.epsilon is None or not math.isfinite(base.epsilon):
         raise DPVisionError("dpvision tune needs a finite target ε: the budget of the whole search")
     if not base.validation_fraction:
@@ -96,9 +139,13 @@ def run_tune(
         f"tune: {len(plan.candidates)} candidates, a secret number of runs K "
         f"({plan.repetitions.describe()}), σ × {plan.scale:.4g} over one run's, score noise "
         f"σ_v = {plan.score_noise:.4g} on {plan.num_validation} validation examples; "
-        f"ε = {plan.epsilon:.4f} for the whole search",
+        f"ε = {plan.epsilon:.4f} for the whole search; the runs are not shown (that would "
+        "tell K)",
         quiet,
     )
+    warning = score_noise_warning(plan.score_noise, plan.num_validation, plan.num_train)
+    if warning is not None:
+        logger.warning(warning)
     public = {
         "epsilon": plan.epsilon,
         "delta": base.delta,
@@ -106,7 +153,8 @@ def run_tune(
         "privacy_ledger": plan.ledger.to_dict()["entries"],
         "secret_randomness": secret.source,
     }
-    best = _hidden_runs(base, plan, secret)
+    with _heartbeat(plan, quiet):
+        best = _hidden_runs(base, plan, secret)
     if best is None:
         say("tune: no run was drawn (K = 0, which a Poisson K allows): nothing released", quiet)
         result = {
@@ -216,16 +264,86 @@ def _hidden_runs(
 
 @contextlib.contextmanager
 def _withheld_output() -> Iterator[None]:
-    """Withholds every log record and Python warning while a run trains: a run is quiet,
-    but a warning (e.g. the feature cache's) would still be printed once per run of some
+    """Withholds every log record, Python warning and write to stdout or stderr while a run
+    trains: a run is quiet, but a warning (e.g. the feature cache's), a progress bar drawn
+    on a terminal or a model factory's ``print`` would still show once per run of some
     candidates, and their number and kind would tell K and the candidates drawn."""
     previous = logging.root.manager.disable
     logging.disable(logging.CRITICAL)
     try:
-        with warnings.catch_warnings(record=True):  # recorded, then dropped with the run
+        with (
+            open(os.devnull, "w", encoding="utf-8") as sink,
+            contextlib.redirect_stdout(sink),
+            contextlib.redirect_stderr(sink),
+            warnings.catch_warnings(record=True),  # recorded, then dropped with the run
+        ):
             yield
     finally:
         logging.disable(previous)
+
+
+@contextlib.contextmanager
+def _untimed_log_files() -> Iterator[None]:
+    """The tune's lines go to a ``--log-file`` without their timestamps: the time between
+    the plan line and the selected candidate's is about K runs' time (K secret)."""
+    files = [h for h in logger.handlers if isinstance(h, logging.FileHandler)]
+    formats = [h.formatter for h in files]
+    for handler in files:
+        handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    try:
+        yield
+    finally:
+        for handler, format_ in zip(files, formats, strict=True):
+            handler.setFormatter(format_)
+
+
+@contextlib.contextmanager
+def _heartbeat(plan: SelectionPlan, quiet: bool) -> Iterator[None]:
+    """While the hidden runs train, redraws one line in place on an interactive terminal
+    every :data:`HEARTBEAT_SECONDS` (nothing when ``quiet`` or when stderr is not a terminal),
+    and erases it at the end.
+
+    Privacy: the line holds the elapsed time and the public distribution of K only; it is
+    never logged (see the module docstring for why it shows no time left).
+    """
+    stream = sys.stderr  # the terminal itself: the runs' own stderr is withheld
+    if quiet or not _is_terminal(stream):
+        yield
+        return
+    started, stop, interval = time.monotonic(), threading.Event(), HEARTBEAT_SECONDS
+    runs = plan.repetitions.describe()
+
+    def beat() -> None:
+        while not stop.wait(interval):
+            stream.write(f"\r{heartbeat_text(time.monotonic() - started, runs)}\x1b[K")
+            stream.flush()
+
+    thread = threading.Thread(target=beat, name="dpvision tune heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        stream.write("\r\x1b[K")  # erased: no trace of the duration stays on the screen
+        stream.flush()
+
+
+def heartbeat_text(elapsed: float, runs: str) -> str:
+    """The terminal line of :func:`_heartbeat`: ``elapsed`` seconds and the distribution of K.
+
+    >>> print(heartbeat_text(130.0, "geometric, mean 4"))
+    [dpvision] tune: 2.2 min so far (a secret number of runs: geometric, mean 4)
+    """
+    shown = f"{elapsed:.0f} s" if elapsed < 120 else f"{elapsed / 60:.1f} min"
+    return f"[dpvision] tune: {shown} so far (a secret number of runs: {runs})"
+
+
+def _is_terminal(stream: object) -> bool:
+    try:
+        return bool(stream.isatty())  # type: ignore[attr-defined]
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 def tune(

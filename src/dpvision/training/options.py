@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import json
 import logging
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -41,8 +42,9 @@ _log = logging.getLogger(__name__)
 
 OPTIMIZERS = ("sgd", "adam")
 NORMALIZATIONS = ("none", "dataset")
-_POSITIVE = Interval(0, None)
-_NON_NEGATIVE = Interval(0, None, closed="left")
+# Finite: an infinite learning rate, clip norm or weight decay is refused with the config.
+_POSITIVE = Interval(0, math.inf)
+_NON_NEGATIVE = Interval(0, math.inf, closed="left")
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,8 @@ class DPSGDOptions:
         ``mlp-H`` (tanh MLP with H hidden units on flattened inputs of any size; ``mlp-0``
         is logistic regression), ``timm:NAME``, ``torchvision:NAME`` or
         ``python:MODULE:CALLABLE`` (:mod:`dpvision.models.sources`).
+      model_args: keyword arguments for an external model's constructor (a table, e.g.
+        ``{img_size = 32}`` for a timm ViT on 32×32 images); recorded in the model file.
       init: weights to start from (:mod:`dpvision.models.weights`: a state dict ``.pt`` or
         ``.safetensors``, a ``dpvision pretrain`` file, a dpvision checkpoint or model); the
         head starts fresh when the file's does not fit the task.
@@ -146,6 +150,7 @@ class DPSGDOptions:
     """
 
     model: str = "auto"
+    model_args: dict[str, Any] = dataclasses.field(default_factory=dict)
     init: str | None = None
     finetune: str = option("all", Choice(FINETUNE_MODES))
     batchnorm: str = option("auto", Choice(BATCHNORM_MODES))
@@ -212,19 +217,26 @@ class DPSGDOptions:
         :class:`PerformanceOptions`): what a checkpoint is tied to."""
         out = dataclasses.asdict(self)
         del out["performance"]
+        if not out["model_args"]:  # as before the option existed: old checkpoints resume
+            del out["model_args"]
         return out
 
     @functools.cached_property
     def spec(self) -> ModelSpec:
         """``model`` parsed once (:class:`~dpvision.models.ModelSpec`; after ``auto`` is
         resolved), for every use in a run."""
-        return check_model(self.model)
+        return check_model(self.model).with_args(self.model_args)
 
     def validated(self) -> "DPSGDOptions":
         """The options if each is in its range (:func:`dpvision.options.check`) and they
         agree with each other; else a one-line error naming the first that does not."""
         if self.model != "auto":  # resolved from the image shape when the run starts
             _ = self.spec
+        elif self.model_args:
+            raise DPVisionError(
+                "learner.model_args is for timm:, torchvision: and python: models: set "
+                "learner.model too (e.g. timm:vit_tiny_patch16_224)"
+            )
         check(self, prefix="learner.")
         check(self.performance, prefix="learner.")
         if self.steps is None and self.epochs is None:

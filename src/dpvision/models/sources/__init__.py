@@ -9,23 +9,28 @@
   ``nn.Module``; it is given ``num_classes``, ``in_chans`` and ``input_shape`` when its
   signature takes them.
 
+``learner.model_args`` (a table) adds keyword arguments to each of these calls, e.g.
+``{img_size = 32}`` for a timm ViT on 32×32 images, ``{drop_path_rate = 0.1}``.
+
 Each source is one small module with ``check(name)`` (syntax and availability, before any
-work starts) and ``build(name, input_shape, num_classes)``. No source downloads anything:
+work starts) and ``build(name, input_shape, num_classes, args)``. No source downloads anything:
 pre-trained weights come from ``learner.init`` (:mod:`dpvision.models.weights`).
 
 timm and torchvision are the optional ``models`` extra (``pip install 'dpvision[models]'``);
 the core never imports them.
 """
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
 
 from dpvision.errors import DPVisionError
 from dpvision.models.sources import python_factory, timm_models, torchvision_models
+from dpvision.models.sources._extra import INSTALL, is_installed
 
-__all__ = ["EXTERNAL_HELP", "SOURCES", "Source", "split_spec"]
+__all__ = ["EXTERNAL_HELP", "INSTALL", "SOURCES", "Source", "missing_package", "split_spec"]
 
 
 @dataclass(frozen=True)
@@ -33,7 +38,7 @@ class Source:
     """One place models come from."""
 
     check: Callable[[str], None]
-    build: Callable[[str, tuple[int, ...], int], nn.Module]
+    build: Callable[[str, tuple[int, ...], int, Mapping[str, Any]], nn.Module]
 
 
 SOURCES: dict[str, Source] = {
@@ -62,3 +67,15 @@ def split_spec(spec: str) -> tuple[str | None, str]:
     if not rest:
         raise DPVisionError(f"model {spec!r} names no model after {prefix}:")
     return prefix, rest
+
+
+def missing_package(source: str | None) -> str | None:
+    """The package of the optional ``models`` extra that a model of ``source`` needs and
+    that is not installed (``timm``, ``torchvision``), or None.
+
+    >>> missing_package(None), missing_package("python")
+    (None, None)
+    """
+    if source in ("timm", "torchvision") and not is_installed(source):
+        return source
+    return None

@@ -13,7 +13,7 @@ import importlib
 import importlib.util
 import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -71,8 +71,14 @@ def check(name: str) -> None:
     factory(name)
 
 
-def build(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """Calls the factory with the arguments its signature names."""
+def build(
+    name: str,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    args: Mapping[str, Any] | None = None,
+) -> nn.Module:
+    """Calls the factory with the arguments its signature names, and ``args``
+    (``learner.model_args``), each of which it must take."""
     make = factory(name)
     offered: dict[str, Any] = {
         "num_classes": num_classes,
@@ -87,6 +93,14 @@ def build(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Modul
         kwargs = offered
     else:
         kwargs = {k: v for k, v in offered.items() if k in parameters}
+        unknown = sorted(set(args or {}) - set(parameters))
+        if unknown:
+            takes = ", ".join(k for k in parameters if k not in offered) or "none"
+            raise DPVisionError(
+                f"python:{name} takes no argument {unknown[0]!r} (learner.model_args); "
+                f"it takes: {takes}"
+            )
+    kwargs.update(args or {})
     try:
         model = make(**kwargs)
     except Exception as error:

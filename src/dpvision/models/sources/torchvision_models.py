@@ -5,6 +5,9 @@ weights come from ``learner.init``. torchvision's classification models take 3-c
 images; grayscale datasets need ``timm:`` (``in_chans``) or a ``python:`` factory.
 """
 
+from collections.abc import Mapping
+from typing import Any
+
 from torch import nn
 
 from dpvision.errors import DPVisionError
@@ -21,8 +24,14 @@ def check(name: str) -> None:
         raise DPVisionError(f"torchvision has no classification model {name!r}{hint}")
 
 
-def build(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """``torchvision.models.get_model(name, weights=None, num_classes=…)``."""
+def build(
+    name: str,
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    args: Mapping[str, Any] | None = None,
+) -> nn.Module:
+    """``torchvision.models.get_model(name, weights=None, num_classes=…, **args)``
+    (``args``: ``learner.model_args``, e.g. ``image_size`` of a ViT)."""
     check(name)
     if int(input_shape[0]) != 3:
         raise DPVisionError(
@@ -30,5 +39,15 @@ def build(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Modul
             f"use timm:{name} (it adapts the stem) or a python: factory"
         )
     torchvision = require("torchvision", f"torchvision:{name}")
-    model: nn.Module = torchvision.models.get_model(name, weights=None, num_classes=num_classes)
+    try:
+        model: nn.Module = torchvision.models.get_model(
+            name, weights=None, num_classes=num_classes, **dict(args or {})
+        )
+    except (TypeError, ValueError, AssertionError) as error:
+        if not args:
+            raise
+        raise DPVisionError(
+            f"torchvision:{name} does not take learner.model_args = {dict(args)} "
+            f"({type(error).__name__}: {error})"
+        ) from None
     return model

@@ -101,15 +101,15 @@ class Progress:
         unit: Name of one item.
         enabled: ``False`` turns the display off entirely.
         stream: Where to draw; defaults to ``sys.stderr`` (read when the bar is created).
-          A stream that is not a terminal gets the plain lines written to it directly.
+            A stream that is not a terminal gets the plain lines written to it directly.
         interval: Minimum seconds between two redraws on a terminal.
         log_interval: Minimum seconds between two plain lines (default
-          :data:`LOG_INTERVAL`).
+            :data:`LOG_INTERVAL`).
         counts: ``False`` shows the percentage only (``total`` is then a measure of work,
-          such as an estimate of floating-point operations, not a count to print).
+            such as an estimate of floating-point operations, not a count to print).
         expected_seconds: an estimate of the whole phase's time, which the time left is
-          taken from until a quarter of the work is done (the rate of the first, often
-          cheaper, steps extrapolates badly).
+            taken from until a quarter of the work is done (the rate of the first, often
+            cheaper, steps extrapolates badly).
 
     Privacy:
         Prints the counts it is given and the time: callers pass public quantities only

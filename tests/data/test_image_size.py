@@ -277,3 +277,17 @@ def test_new_options_at_their_defaults_leave_the_secret_context_as_it_was():
     assert config.secret_randomness().split_key() == old.split_key()
     resized = dataclasses.replace(config, image_size=16)
     assert resized.secret_randomness().split_key() != old.split_key()
+
+
+def test_checkpoints_written_before_the_geometry_options_still_resume():
+    """The run settings a checkpoint is matched by leave the new options out at their
+    defaults (as the secret context does), and keep them once they are set."""
+    from dpvision.config import TrainConfig
+    from dpvision.runs.schedule import run_settings
+
+    learner = {"model": "mlp-8", "steps": 2, "batch_size": 64}
+    added = ("image_size", "crop_mode", "crop_pct", "interpolation", "test_fraction")
+    default = run_settings(TrainConfig(method="dp-sgd", learner=learner))
+    assert not [key for key in added if key in default]
+    resized = run_settings(TrainConfig(method="dp-sgd", learner=learner, image_size=16))
+    assert resized["image_size"] == 16

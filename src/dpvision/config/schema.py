@@ -29,7 +29,7 @@ METHODS = (AUTO, *LEARNERS, *DEEP_METHODS)
 """``auto``, the feature learners (:data:`dpvision.learners.LEARNERS`), the deep methods."""
 
 
-_ADDED_DEFAULTS = {**DEFAULTS, "test_fraction": TEST_FRACTION}
+ADDED_DEFAULTS = {**DEFAULTS, "test_fraction": TEST_FRACTION}
 """Options added after runs were published: at their defaults they stay out of the secret
 randomness's context, so a ``secret_seed`` replays those runs' noise exactly."""
 
@@ -150,7 +150,7 @@ class TrainConfig:
         # options are called: a run given their former names replays under the new ones.
         context = {k: v for k, v in self.to_dict().items() if k not in ("data_dir", "device")}
         context["learner"] = names_before_rename(context["learner"])
-        for key, default in _ADDED_DEFAULTS.items():  # runs from before these options replay
+        for key, default in ADDED_DEFAULTS.items():  # runs from before these options replay
             if context.get(key) == default:
                 del context[key]
         return SecretRandomness(

@@ -13,6 +13,7 @@ from typing import Any
 
 from dpvision.accounting import PrivacyLedger, calibrate_noise_multiplier
 from dpvision.config import TrainConfig
+from dpvision.config.schema import ADDED_DEFAULTS
 from dpvision.data.inputs import TrainingData
 from dpvision.errors import DPVisionError
 from dpvision.features.backbone import encoder_digest
@@ -78,6 +79,9 @@ def run_settings(config: TrainConfig) -> dict[str, Any]:
     data.pop("reference", None)  # what the run reproduces, not how it runs
     for name in ("validation_fraction", "public_fraction"):
         if not data.get(name):  # as before the option existed: old checkpoints resume
+            data.pop(name, None)
+    for name, default in ADDED_DEFAULTS.items():  # image geometry, test_fraction: as above
+        if data.get(name) == default:
             data.pop(name, None)
     options = config.dpsgd
     # Under the options' former names, so that checkpoints written before the rename resume.

@@ -210,3 +210,21 @@ def test_docs_state_opacus_sample_rate_exactly() -> None:
     text = " ".join((ROOT / "docs" / "guide" / "python-api.md").read_text().split())
     assert "Opacus's is `sample_rate = 1/len(data_loader)` = 1/⌈N/B⌉" in text
     assert "q = batch_size / N, and" not in text
+
+
+def test_a_noise_generator_and_a_checkpoint_are_refused_together(tmp_path: Path) -> None:
+    """A script's generator restarts with the script: the resumed steps would draw the
+    first steps' noise again, and the difference of two updates would cancel it."""
+    engine = PrivacyEngine()
+    model, optimizer, loader = _private(engine)
+    _epoch(model, optimizer, loader)
+    path = tmp_path / "run.ckpt"
+    engine.save_checkpoint(path=path, module=model)
+    generated = PrivacyEngine()
+    model2, _, _ = _private(generated, noise_generator=torch.Generator().manual_seed(7))
+    with pytest.raises(DPVisionError, match="first steps' noise"):
+        generated.load_checkpoint(path=path, module=model2)
+    loaded = PrivacyEngine()
+    loaded.load_checkpoint(path=path, module=_model())
+    with pytest.raises(DPVisionError, match="first steps' noise"):
+        _private(loaded, noise_generator=torch.Generator().manual_seed(7))

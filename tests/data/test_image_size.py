@@ -291,3 +291,25 @@ def test_checkpoints_written_before_the_geometry_options_still_resume():
     assert not [key for key in added if key in default]
     resized = run_settings(TrainConfig(method="dp-sgd", learner=learner, image_size=16))
     assert resized["image_size"] == 16
+
+
+def test_weights_that_record_their_rows_are_refused_when_the_run_resizes():
+    """Pre-training records the digests of its rows at their own size: a resized run's rows
+    would match none, so the rows the weights saw would pass as private ones."""
+    from dpvision.errors import DPVisionError
+    from dpvision.training.supervised import public_rows_record, rows_trained_on
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (20, 8, 8, 1), dtype=np.uint8)
+    labels = np.arange(20) % 2
+    record = {**public_rows_record(images, labels), "public_fraction": 0.0, "n_images": 20}
+    with pytest.raises(DPVisionError, match="resizes the images"):
+        rows_trained_on(record, "digits", images, labels, 0.0, what="w.pt", resized=True)
+    assert (
+        len(
+            rows_trained_on(
+                record, "digits", images, labels, 0.0, what="w.pt", allow=True, resized=True
+            )
+        )
+        == 0
+    )

@@ -306,11 +306,14 @@ class PrivacyEngine:
                 "secure_mode draws the noise from the operating system's CSPRNG: do not pass a "
                 "noise_generator"
             )
-        if secret_seed is not None and self._resumed:
+        # A caller's generator or seed replays from the start on every make_private: the
+        # resumed steps would draw the first steps' noise again.
+        fixed = secret_seed is not None or noise_generator is not None
+        if fixed and self._resumed:
             raise DPVisionError(REPLAY)
         # Secret: the noise and the sampling. Kept in no attribute; a stream per call.
         secret = SecretRandomness(secret_seed, secure=self.secure_mode)
-        self._replayable = self._replayable or secret_seed is not None
+        self._replayable = self._replayable or fixed
         call, self._made = self._made, self._made + 1
         return secret, call
 
@@ -488,8 +491,8 @@ class PrivacyEngine:
 
 
 REPLAY = (
-    "a checkpoint and secret_seed together would draw the first steps' noise and batches "
-    "again for the resumed steps: resume without secret_seed (fresh OS entropy, the default)"
+    "a checkpoint and secret_seed (or a noise_generator) together would draw the first steps' "
+    "noise again for the resumed steps: resume without them (fresh OS entropy, the default)"
 )
 
 

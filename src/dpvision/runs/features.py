@@ -80,6 +80,7 @@ def run_features(
                 dataset.train_labels,
                 config.public_fraction,
                 what=f"the {spec.name} weights {source}",
+                resized=dataset.geometry is not None,
             )
         # The learner's d×d matrices must fit: refused (or warned of) before the extraction.
         LEARNERS[config.method](

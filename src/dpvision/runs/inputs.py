@@ -86,6 +86,7 @@ class _Split:
                 what=f"learner.init {options.init}",
                 allow=options.init_allow_same_dataset,
                 override="learner.init_allow_same_dataset = true",
+                resized=dataset.geometry is not None,
             )
         split = training_rows(
             dataset.train_images,

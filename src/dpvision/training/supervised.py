@@ -352,13 +352,26 @@ def rows_trained_on(
     what: str,
     allow: bool = False,
     override: str | None = None,
+    resized: bool = False,
 ) -> np.ndarray:
     """The rows of a private run's dataset to leave out as public because a weight file
     was trained on copies of them: :func:`check_private_rows` on the rows outside the run's
     own public slice (``public_fraction``), as dataset row indices.
 
+    ``resized``: the run brought the images to an ``image_size``. Rows are matched by the
+    digests of their pixels as pre-training read them (their own size), so a file that
+    records digests is refused then: resized rows would match none of them, and the rows
+    the weights were trained on would count as private ones unnoticed.
+
     Privacy: as :func:`check_private_rows`.
     """
+    if resized and not allow and _recorded_digests(record, what) is not None:
+        raise DPVisionError(
+            f"{what} was pre-trained on rows of its dataset, matched to this run's rows by "
+            "their pixels, and this run resizes the images (image_size): train without "
+            "image_size, or pre-train on another dataset"
+            + (f" (or set {override} if you accept it)" if override else "")
+        )
     labels = np.asarray(labels)
     private = np.arange(len(labels))
     if public_fraction:

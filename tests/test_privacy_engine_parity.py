@@ -228,3 +228,25 @@ def test_a_noise_generator_and_a_checkpoint_are_refused_together(tmp_path: Path)
     loaded.load_checkpoint(path=path, module=_model())
     with pytest.raises(DPVisionError, match="first steps' noise"):
         _private(loaded, noise_generator=torch.Generator().manual_seed(7))
+
+
+def test_a_checkpoint_after_calibration_to_a_target_is_refused(tmp_path: Path) -> None:
+    """σ calibrated without the checkpoint's steps would take ε past the target."""
+    engine = PrivacyEngine()
+    model, optimizer, loader = _private(engine)
+    _epoch(model, optimizer, loader)
+    path = tmp_path / "run.ckpt"
+    engine.save_checkpoint(path=path, module=model)
+    calibrated = PrivacyEngine()
+    model2 = _model()
+    calibrated.make_private_with_epsilon(
+        module=model2,
+        optimizer=torch.optim.SGD(model2.parameters(), lr=0.5),
+        data_loader=DataLoader(_data(), batch_size=4),
+        target_epsilon=2.0,
+        target_delta=1e-5,
+        epochs=1,
+        max_grad_norm=1.0,
+    )
+    with pytest.raises(DPVisionError, match="load the checkpoint first"):
+        calibrated.load_checkpoint(path=path, module=model2)

@@ -91,6 +91,8 @@ class PrivacyEngine:
         # Whether a make_private used secret_seed / a checkpoint was loaded: together they
         # would replay the first steps' noise on the resumed steps (load_checkpoint).
         self._replayable = self._resumed = False
+        # Whether σ was calibrated to a target ε: steps loaded afterwards would overshoot it.
+        self._calibrated = False
 
     def make_private(
         self,
@@ -398,6 +400,7 @@ class PrivacyEngine:
             accountant=self.accountant.kind,
             preceding_event=self.ledger.dp_event() if len(self.ledger) else None,
         )
+        self._calibrated = True
         return self.make_private(
             module=module,
             optimizer=optimizer,
@@ -477,6 +480,11 @@ class PrivacyEngine:
         refuse_schedulers(noise_scheduler, grad_clip_scheduler)
         if self._replayable:
             raise DPVisionError(REPLAY)
+        if self._calibrated:
+            raise DPVisionError(
+                "load_checkpoint after make_private_with_epsilon: σ was calibrated without the "
+                "checkpoint's steps and ε would pass the target; load the checkpoint first"
+            )
         contents: dict[str, Any] = read_checkpoint(path, torch_load_kwargs)
         self.accountant.check_fresh()
         load_module_state(module, contents["module_state_dict"], module_load_dict_kwargs)

@@ -293,9 +293,10 @@ def test_checkpoints_written_before_the_geometry_options_still_resume():
     assert resized["image_size"] == 16
 
 
-def test_weights_that_record_their_rows_are_refused_when_the_run_resizes():
-    """Pre-training records the digests of its rows at their own size: a resized run's rows
-    would match none, so the rows the weights saw would pass as private ones."""
+def test_weights_that_record_their_rows_are_refused_when_the_rows_have_no_native_copy():
+    """Pre-training records the digests of its rows at their own size: rows resized as
+    each file was decoded (an image folder) would match none, so the rows the weights saw
+    would pass as private ones: refused."""
     from dpvision.errors import DPVisionError
     from dpvision.training.supervised import public_rows_record, rows_trained_on
 
@@ -303,7 +304,7 @@ def test_weights_that_record_their_rows_are_refused_when_the_run_resizes():
     images = rng.integers(0, 256, (20, 8, 8, 1), dtype=np.uint8)
     labels = np.arange(20) % 2
     record = {**public_rows_record(images, labels), "public_fraction": 0.0, "n_images": 20}
-    with pytest.raises(DPVisionError, match="resizes the images"):
+    with pytest.raises(DPVisionError, match="resizes each image as it is decoded"):
         rows_trained_on(record, "digits", images, labels, 0.0, what="w.pt", resized=True)
     assert (
         len(
@@ -313,3 +314,40 @@ def test_weights_that_record_their_rows_are_refused_when_the_run_resizes():
         )
         == 0
     )
+
+
+def test_resized_arrays_are_matched_to_weights_by_their_native_rows():
+    """A resized array dataset keeps its rows at their own size: weights pre-trained on
+    another dataset pass (the issue-40 journey: Fashion-MNIST weights, digits at 28×28),
+    weights trained on the same rows are still refused, and the public split is the one
+    pre-training used, whatever image_size the run asks for."""
+    from dpvision.config import TrainConfig
+    from dpvision.data.splits import public_split
+    from dpvision.errors import DPVisionError
+    from dpvision.training.supervised import public_rows_record, rows_trained_on
+
+    native = TrainConfig(dataset="digits").load_dataset()
+    dataset = TrainConfig(dataset="digits", image_size=28).load_dataset()
+    assert dataset.image_shape == (28, 28, 1)
+    assert dataset.row_identity_kept
+    assert np.array_equal(dataset.row_images, native.train_images)
+    labels = dataset.train_labels
+    other = np.random.default_rng(1).integers(0, 256, (50, 8, 8, 1), dtype=np.uint8)
+    elsewhere = {
+        **public_rows_record(other, np.arange(50) % 10),
+        "public_fraction": 0.0,
+        "n_images": 50,
+    }
+    kept = rows_trained_on(
+        elsewhere, "digits", dataset.row_images, labels, 0.0, what="w.pt", resized=False
+    )
+    assert len(kept) == 0
+    same = {
+        **public_rows_record(native.train_images, labels),
+        "public_fraction": 0.0,
+        "n_images": len(labels),
+    }
+    with pytest.raises(DPVisionError, match="was trained on 1438 of this run's 1438"):
+        rows_trained_on(same, "digits", dataset.row_images, labels, 0.0, what="w.pt")
+    public = public_split(native.train_images, labels, 0.1)[1]
+    assert np.array_equal(public_split(dataset.row_images, labels, 0.1)[1], public)

@@ -39,14 +39,35 @@ def test_every_form_loads_and_gives_the_same_logits(tmp_path, form):
     assert torch.equal(source(x), target(x))
 
 
-def test_another_number_of_classes_replaces_the_head_and_says_so(tmp_path):
+def test_another_number_of_classes_replaces_the_head_with_zeros_and_says_so(tmp_path):
     source, target = _pair(classes=100)
     torch.save(source.state_dict(), tmp_path / "w.pt")
-    fresh_head = target.classifier[3].weight.detach().clone()
     report = load_weights(target, tmp_path / "w.pt")
     assert report.head_replaced
-    assert "classifier head 'classifier.3' starts fresh" in report.message()
-    assert torch.equal(target.classifier[3].weight, fresh_head)  # the head keeps its init
+    assert report.head_init == "zero"
+    assert "classifier head 'classifier.3' starts at zero" in report.message()
+    assert not target.classifier[3].weight.any()
+    assert not target.classifier[3].bias.any()
+    assert torch.equal(target.features[0].weight, source.features[0].weight)
+    _, again = _pair(classes=100)
+    fresh_head = again.classifier[3].weight.detach().clone()
+    assert load_weights(again, tmp_path / "w.pt", "random").head_init == "random"
+    assert torch.equal(again.classifier[3].weight, fresh_head)  # the model's own init
+
+
+@pytest.mark.parametrize("head", ["keep", "auto", "zero", "random"])
+def test_a_head_that_fits_is_kept_only_when_asked(tmp_path, head):
+    """A file trained on other classes may have a head of the right shape (Fashion-MNIST's
+    10 classes for digits): ``zero`` and ``random`` start it fresh all the same."""
+    source, target = _pair()
+    torch.save(source.state_dict(), tmp_path / "w.pt")
+    own = target.classifier[3].weight.detach().clone()
+    report = load_weights(target, tmp_path / "w.pt", head)
+    kept = head in ("keep", "auto")
+    assert report.head_replaced is not kept
+    assert report.head_init == {"keep": "file", "auto": "file"}.get(head, head)
+    expected = {"zero": torch.zeros_like(own), "random": own}.get(head, source.classifier[3].weight)
+    assert torch.equal(target.classifier[3].weight, expected)
     assert torch.equal(target.features[0].weight, source.features[0].weight)
 
 

@@ -52,6 +52,7 @@ from dpvision.learners import LEARNERS
 from dpvision.mechanisms import Release, watching_released
 from dpvision.mechanisms.secret import SecretRandomness
 from dpvision.runs import features as feature_runs
+from dpvision.runs.network import pixel_statistics
 from dpvision.seeds import public_rng, public_sequence
 
 ONE_RUN_CANARIES = ("dirac", "mislabeled")
@@ -355,9 +356,9 @@ class DPSGDOneRun(OneRunTarget):
             flat = torch.stack([torch.cat(parts) for parts in steps])
             clip = self.config.dpsgd.max_grad_norm
             return (flat[:, torch.from_numpy(self.coordinates)].sum(0) / clip).numpy()
-        inputs = pixel_inputs(
-            self.canary_images, self.dataset.name, self.config.dpsgd.normalization
-        ).to(target.device)
+        options = self.config.dpsgd
+        statistics = pixel_statistics(options, self.dataset.name, self.canary_images.shape[-1])
+        inputs = pixel_inputs(self.canary_images, self.dataset.name, statistics).to(target.device)
         one = {name: value[0] for name, value in params.items()}
         with torch.no_grad():
             logits = functional_call(target.model, (one, target.buffers), (inputs,))

@@ -60,6 +60,7 @@ from dpvision.models.registry import build_model
 from dpvision.per_example import functional_clipped_sum
 from dpvision.runs import features as feature_runs
 from dpvision.runs.auto import apply_recipe
+from dpvision.runs.network import pixel_statistics
 from dpvision.runs.schedule import noise_multiplier_for, run_seeds
 from dpvision.training.optimizers import make_optimizer
 
@@ -289,7 +290,8 @@ class DPSGDTarget(AuditTarget):
         self.options = options
         self.device = device = config.placement.device
         images, labels = data.training_set(with_canary=True)
-        self.inputs = pixel_inputs(images, data.name, options.normalization).to(device)
+        statistics = pixel_statistics(options, data.name, int(images.shape[-1]))
+        self.inputs = pixel_inputs(images, data.name, statistics).to(device)
         self.targets = torch.as_tensor(labels, dtype=torch.long).to(device)
         self.sample_rate = options.batch_size / public_size
         self.public_size = public_size

@@ -9,13 +9,24 @@ from dpvision.cli.arguments import add_run_arguments, output_file, positive_floa
 
 def run(args: argparse.Namespace) -> None:
     from dpvision.config import resolve
+    from dpvision.errors import DPVisionError
     from dpvision.fileio import write_json_atomic
+    from dpvision.runs.search import transfer_search
     from dpvision.runs.tune import TuneSettings, parse_search, run_tune
 
-    search = parse_search(args.search)  # spelling first: one line, before any data is read
+    # spelling first: one line, before any data is read
+    search = parse_search(args.search) if args.search or not args.transfer else None
     settings = TuneSettings(args.distribution, args.mean_runs, args.score_noise)
-    settings.repetitions(len(search.candidates()))
     config = resolve(args.config, run_flags(args), list(args.set))
+    if args.transfer:
+        if config.method not in ("dp-sgd", "auto") or config.dpsgd.init is None:
+            raise DPVisionError(
+                "--transfer chooses between scratch and fine-tuning learner.init: give "
+                "--method dp-sgd and --set learner.init=FILE"
+            )
+        search = transfer_search(config.dpsgd.init, config.dpsgd.learning_rate, search)
+    assert search is not None
+    settings.repetitions(len(search.candidates()))
     result, model = run_tune(config, search, settings, quiet=args.quiet)
     if args.json:
         write_json_atomic(args.json, result)
@@ -67,6 +78,13 @@ def add_parser(commands: Any) -> None:
         metavar="KEY=V1,V2,...",
         help="values to try for a config key, e.g. --search learner.learning_rate=4,8,16 "
         "(repeat for more keys: every combination is a candidate)",
+    )
+    tune.add_argument(
+        "--transfer",
+        action="store_true",
+        help="with --set learner.init=FILE: choose privately between training from scratch, "
+        "fine-tuning all of FILE's weights and its classifier only (4x the learning rate); "
+        "with --search, each combination of those keys too",
     )
     tune.add_argument(
         "--mean-runs",

@@ -141,7 +141,7 @@ def validate(config: TrainConfig) -> TrainConfig:
                     "dp-randp's phases choose what trains and start from learner.encoder; "
                     "learner.init and learner.finetune belong to --method dp-sgd"
                 )
-            if options.normalization != "none":
+            if options.normalization not in ("auto", "none"):
                 raise DPVisionError(
                     "dp-randp normalises pixels with the encoder's (public) statistics; "
                     "leave learner.normalization unset"

@@ -10,7 +10,7 @@ The arrays are the private data. Nothing here releases them or anything computed
 from __future__ import annotations
 
 # local imports: start-up time (heavy modules are imported in the functions using them)
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -57,6 +57,8 @@ class ImageDataset(LabelledSplits):
         geometry: The public description of the size the images were brought to as they
             were loaded (:meth:`dpvision.data.resize.ImageGeometry.describe`), or ``None``:
             their own size. Part of the feature cache's key.
+        native_train_images: The training images at their own size when they were resized
+            from arrays (``None`` otherwise): what identifies a row (:attr:`row_images`).
     """
 
     name: str
@@ -67,6 +69,7 @@ class ImageDataset(LabelledSplits):
     num_classes: int
     class_names: tuple[str, ...] | None = None
     geometry: dict[str, object] | None = None
+    native_train_images: np.ndarray | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         """Checks the invariants listed in the class docstring.
@@ -110,6 +113,23 @@ class ImageDataset(LabelledSplits):
             raise DPVisionError(
                 f"{where}: {len(self.class_names)} class names for {self.num_classes} classes"
             )
+
+    @property
+    def row_images(self) -> np.ndarray:
+        """The training images as their rows are identified: at their own size, whatever
+        ``image_size`` the run brings them to. The public split, the validation coins and
+        the digests a weight file records of its rows read these, so a resized run leaves
+        out the same public rows as pre-training did (:mod:`dpvision.data.splits`)."""
+        if self.native_train_images is not None:
+            return self.native_train_images
+        return self.train_images
+
+    @property
+    def row_identity_kept(self) -> bool:
+        """Whether :attr:`row_images` are the rows at their own size: the images were not
+        resized, or were resized from arrays (an image folder resized as each file is
+        decoded keeps no native copy)."""
+        return self.geometry is None or self.native_train_images is not None
 
     @property
     def image_shape(self) -> tuple[int, int, int]:

@@ -351,6 +351,7 @@ def resized(dataset: ImageDataset, geometry: ImageGeometry | None) -> ImageDatas
         train_images=geometry.apply_array(dataset.train_images),
         test_images=geometry.apply_array(dataset.test_images),
         geometry=geometry.describe(),
+        native_train_images=dataset.train_images,
     )
 
 

@@ -85,34 +85,58 @@ class LazyInputs:
         return LazyInputs(images, self.transforms, device)
 
 
-def lazy_pixel_inputs(images: np.ndarray, dataset: str, normalization: str) -> LazyInputs:
-    """:func:`pixel_inputs`, made a batch at a time when indexed."""
-    if normalization != "dataset":
-        return LazyInputs(images)
-    standardize = _standardizer(dataset)
-    return LazyInputs(images, (standardize,))
+Statistics = tuple[tuple[float, ...], tuple[float, ...]]
+"""Per-channel ``(mean, std)`` of pixels in [0, 1]: public constants."""
 
 
-def _standardizer(dataset: str) -> Callable[[torch.Tensor], torch.Tensor]:
+def dataset_statistics(dataset: str) -> Statistics:
+    """The published statistics of ``dataset`` (``learner.normalization = "dataset"``)."""
     if dataset not in DATASET_STATISTICS:
         raise DPVisionError(
             f"no published statistics for {dataset}; set learner.normalization = 'none' "
             f"(known: {', '.join(DATASET_STATISTICS)})"
         )
-    mean, std = (torch.tensor(v).view(-1, 1, 1) for v in DATASET_STATISTICS[dataset])
+    return DATASET_STATISTICS[dataset]
+
+
+def lazy_pixel_inputs(
+    images: np.ndarray, dataset: str, normalization: str | Statistics | None
+) -> LazyInputs:
+    """:func:`pixel_inputs`, made a batch at a time when indexed."""
+    statistics = _statistics(dataset, normalization)
+    if statistics is None:
+        return LazyInputs(images)
+    return LazyInputs(images, (_standardizer(statistics),))
+
+
+def _statistics(dataset: str, normalization: str | Statistics | None) -> Statistics | None:
+    if normalization == "dataset":
+        return dataset_statistics(dataset)
+    if normalization is None or isinstance(normalization, str):
+        return None
+    return normalization
+
+
+def _standardizer(statistics: Statistics) -> Callable[[torch.Tensor], torch.Tensor]:
+    mean, std = (torch.tensor(v).view(-1, 1, 1) for v in statistics)
     return lambda inputs: (inputs - mean.to(inputs.device)) / std.to(inputs.device)
 
 
-def pixel_inputs(images: np.ndarray, dataset: str, normalization: str) -> torch.Tensor:
+def pixel_inputs(
+    images: np.ndarray, dataset: str, normalization: str | Statistics | None
+) -> torch.Tensor:
     """uint8 images (N, H, W, C) → float (N, C, H, W) in [0, 1], then standardised with the
-    published per-dataset statistics when ``normalization = "dataset"``.
+    published per-dataset statistics when ``normalization = "dataset"``, or with the
+    ``(mean, std)`` given instead of a name (a weight file's: :func:`dpvision.runs.network.
+    pixel_statistics`); any other name leaves them in [0, 1].
 
     Privacy: a fixed per-example map with public constants; releases nothing.
     """
     inputs = images_to_tensor(images)
-    if normalization != "dataset":
+    statistics = _statistics(dataset, normalization)
+    if statistics is None:
         return inputs
-    return _standardizer(dataset)(inputs)
+    return _standardizer(statistics)(inputs)
 
 
 @dataclasses.dataclass

@@ -8,16 +8,20 @@ Files read (all without running code: ``torch.load(weights_only=True)`` or safet
   ``state_dict``, ``model``, ``model_state_dict`` or ``module`` (Lightning, DeiT, …), a
   dpvision encoder (``dpvision pretrain``) or a dpvision DP-SGD checkpoint.
 
-A ``module.`` prefix (DataParallel/DDP) is dropped. The head (the last ``nn.Linear``) is
-replaced by a fresh one when the file's has another shape (another number of classes) or is
-absent (an encoder body); :class:`LoadReport` says so. A single-channel model takes an RGB
+A ``module.`` prefix (DataParallel/DDP) is dropped. The head (the last ``nn.Linear``)
+starts fresh when the file's has another shape (another number of classes) or is absent (an
+encoder body), or when the caller asks for it (``head = "zero"`` or ``"random"``: a file
+trained on other classes). A fresh head is zero — zero logits, every class equally likely
+at the start, as Mehta et al. (2022) and seed 000 ("we initialize the last layer weights to
+zero") fine-tune privately — unless ``"random"`` (the model's own initialisation).
+:class:`LoadReport` says so. A single-channel model takes an RGB
 stem by summing its input channels (as timm's ``adapt_input_conv``). Any other mismatch —
 a missing or unexpected weight, another shape — is a one-line error naming it.
 
 Privacy: the weights are public inputs when they were trained without the private data;
 :attr:`LoadReport.record` says what the file knows of its training data so that the run can
 refuse weights trained on the very dataset it protects (their privacy cost would be outside
-its ledger). Which head is replaced depends only on shapes, never on data.
+its ledger). Which head is replaced depends only on shapes and the caller's choice, never on data.
 """
 
 import dataclasses
@@ -35,7 +39,12 @@ from dpvision.fileio import load_torch
 from dpvision.models.encoder import ENCODER_FORMAT
 from dpvision.models.heads import head_name
 
-__all__ = ["LoadReport", "check_trained_on", "load_weights", "read_weights"]
+__all__ = ["HEAD_INITS", "LoadReport", "check_trained_on", "load_weights", "read_weights"]
+
+HEAD_INITS = ("auto", "keep", "zero", "random")
+"""``learner.head_init``: ``keep`` the file's head when it fits (else zero), ``zero`` or
+``random`` (the model's own initialisation) in every case; ``auto`` is decided by the run
+(:func:`dpvision.runs.network.head_init_for`)."""
 
 _NESTED = ("state_dict", "model_state_dict", "model", "module", "network")
 _TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt", ".tar")
@@ -49,7 +58,9 @@ class LoadReport:
       path: the file.
       loaded: how many tensors of the file went into the model.
       head: the dotted name of the model's head.
-      head_replaced: whether the head starts fresh (absent from the file, or another shape).
+      head_replaced: whether the head starts fresh (absent from the file, another shape,
+        or not kept by ``head``).
+      head_init: how the head starts: ``file``, ``zero`` or ``random``.
       adapted: weights reshaped to fit (an RGB stem summed to one channel).
       record: what the file says of its training (``trained_on``, ``dataset``,
         ``public_fraction``, the digests of its public rows, …; a dpvision encoder's
@@ -62,15 +73,13 @@ class LoadReport:
     head_replaced: bool
     adapted: tuple[str, ...]
     record: dict[str, Any]
+    head_init: str = "file"
 
     def message(self) -> str:
         """One line for the run's log."""
         parts = [f"loaded {self.loaded} tensors from {self.path}"]
         if self.head_replaced:
-            parts.append(
-                f"the classifier head '{self.head}' starts fresh (the file's is absent or "
-                "has another number of classes)"
-            )
+            parts.append(f"the classifier head '{self.head}' starts at {self.head_init}")
         if self.adapted:
             parts.append(f"summed RGB weights to one channel: {', '.join(self.adapted)}")
         return "; ".join(parts)
@@ -117,6 +126,8 @@ def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, An
         if not tensors:
             raise DPVisionError(f"learner.init: the model file {path} holds no network")
         record = {"dataset": document.get("dataset"), "privacy": document.get("privacy")}
+        if document.get("pixel_mean") is not None and document.get("pixel_std") is not None:
+            record["input_statistics"] = (document["pixel_mean"], document["pixel_std"])
     elif "trained_on" in metadata:
         record = {"trained_on": metadata["trained_on"]}
     return _strip_prefix(tensors), record
@@ -157,9 +168,10 @@ def _strip_prefix(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return dict(state)
 
 
-def load_weights(model: nn.Module, path: str | Path) -> LoadReport:
-    """Loads the weights in ``path`` into ``model`` in place; the head is replaced (kept at
-    its fresh initialisation) when the file's does not fit.
+def load_weights(model: nn.Module, path: str | Path, head: str = "keep") -> LoadReport:
+    """Loads the weights in ``path`` into ``model`` in place. The head: the file's when it
+    fits and ``head`` is ``keep`` (or ``auto``); else zero, or the model's own random
+    initialisation with ``head = "random"``.
 
     Raises:
       DPVisionError: the file cannot be read, or it does not fit the model outside the
@@ -167,8 +179,8 @@ def load_weights(model: nn.Module, path: str | Path) -> LoadReport:
     """
     state, record = read_weights(path)
     target = model.state_dict()
-    head = head_name(model)
-    in_head = [k for k in target if k.startswith(head + ".")]
+    name = head_name(model)
+    in_head = [k for k in target if k.startswith(name + ".")]
     adapted: list[str] = []
     replaced = False
     kept: dict[str, torch.Tensor] = {}
@@ -202,9 +214,18 @@ def load_weights(model: nn.Module, path: str | Path) -> LoadReport:
             if names
         )
         raise DPVisionError(f"learner.init: {path} does not fit the model ({detail})")
-    with torch.no_grad():  # a replaced head keeps the initialisation it was built with
+    if head not in HEAD_INITS:
+        raise DPVisionError(f"learner.head_init must be one of {', '.join(HEAD_INITS)}")
+    if head in ("zero", "random"):
+        kept = {k: v for k, v in kept.items() if k not in in_head}
+        replaced = True
+    with torch.no_grad():
         model.load_state_dict(kept, strict=False)
-    return LoadReport(str(path), len(kept), head, replaced, tuple(adapted), record)
+        if replaced and head != "random":
+            for parameter in model.get_submodule(name).parameters():
+                parameter.zero_()
+    start = "file" if not replaced else ("random" if head == "random" else "zero")
+    return LoadReport(str(path), len(kept), name, replaced, tuple(adapted), record, start)
 
 
 def _is_rgb_stem(value: torch.Tensor, target: torch.Tensor) -> bool:

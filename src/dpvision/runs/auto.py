@@ -145,7 +145,7 @@ def data_facts(config: TrainConfig, secret: SecretRandomness | None = None) -> D
     else:
         dataset = config.load_dataset()
         height, width, channels = dataset.image_shape
-        rows, labels, shape = dataset.train_images, dataset.train_labels, (channels, height, width)
+        rows, labels, shape = dataset.row_images, dataset.train_labels, (channels, height, width)
     secret = secret or config.secret_randomness()
     split = training_rows(
         rows,

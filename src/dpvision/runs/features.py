@@ -76,11 +76,11 @@ def run_features(
             also_public = rows_trained_on(
                 read_weights(source)[1],
                 dataset.name,
-                dataset.train_images,
+                dataset.row_images,
                 dataset.train_labels,
                 config.public_fraction,
                 what=f"the {spec.name} weights {source}",
-                resized=dataset.geometry is not None,
+                resized=not dataset.row_identity_kept,
             )
         # The learner's d×d matrices must fit: refused (or warned of) before the extraction.
         LEARNERS[config.method](
@@ -109,7 +109,7 @@ def run_features(
     train_labels, held = np.asarray(dataset.train_labels), 0
     # Each example's side is its own keyed hash (images, or the precomputed feature rows).
     split = training_rows(
-        train if spec.name == "precomputed" else dataset.train_images,
+        train if spec.name == "precomputed" else dataset.row_images,
         train_labels,
         public_fraction=config.public_fraction,
         validation_fraction=config.validation_fraction,

@@ -25,6 +25,7 @@ from dpvision.features.preprocessing import FittedPreprocessing, preprocess
 from dpvision.log import say
 from dpvision.mechanisms.secret import SecretRandomness
 from dpvision.models.weights import read_weights
+from dpvision.runs.network import pixel_statistics
 from dpvision.training.options import DPSGDOptions
 from dpvision.training.supervised import rows_trained_on
 
@@ -80,16 +81,16 @@ class _Split:
             also_public = rows_trained_on(
                 read_weights(options.init)[1],
                 dataset.name,
-                dataset.train_images,
+                dataset.row_images,
                 labels,
                 config.public_fraction,
                 what=f"learner.init {options.init}",
                 allow=options.init_allow_same_dataset,
                 override="learner.init_allow_same_dataset = true",
-                resized=dataset.geometry is not None,
+                resized=not dataset.row_identity_kept,
             )
         split = training_rows(
-            dataset.train_images,
+            dataset.row_images,
             labels,
             public_fraction=config.public_fraction,
             validation_fraction=config.validation_fraction,
@@ -124,7 +125,8 @@ class _Split:
 
 
 def _pixel_inputs(config: TrainConfig, options: DPSGDOptions, split: _Split) -> TrainingData:
-    """The split's images, normalised a batch at a time (``learner.normalization``).
+    """The split's images, normalised a batch at a time (``learner.normalization``:
+    :func:`dpvision.runs.network.pixel_statistics`).
 
     Privacy: a per-example transform with public constants; nothing is released.
     """
@@ -138,8 +140,10 @@ def _pixel_inputs(config: TrainConfig, options: DPSGDOptions, split: _Split) -> 
     dataset, rows, held = split.dataset, split.rows, split.held
     images = dataset.train_images
 
+    statistics = pixel_statistics(options, dataset.name, dataset.image_shape[2])
+
     def lazy(pixels: np.ndarray) -> LazyInputs:
-        return lazy_pixel_inputs(pixels, dataset.name, options.normalization)
+        return lazy_pixel_inputs(pixels, dataset.name, statistics)
 
     return split.data(
         lazy(images[rows] if split.subset else images),

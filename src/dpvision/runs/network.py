@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from dpvision.config import TrainConfig
-from dpvision.data.inputs import DATASET_STATISTICS, TrainingData
+from dpvision.data.datasets import same_dataset
+from dpvision.data.inputs import Statistics, TrainingData, dataset_statistics
 from dpvision.features.backbone import encoder_digest
 from dpvision.features.preprocessing import FittedPreprocessing
 from dpvision.log import say
@@ -21,8 +22,9 @@ from dpvision.mechanisms.secret import SecretRandomness
 from dpvision.models.encoder import load_into
 from dpvision.models.finetune import apply_finetune
 from dpvision.models.registry import build_network, check_forward, prepare_for_dp
+from dpvision.models.sources import timm_models
 from dpvision.models.validation import validate_model
-from dpvision.models.weights import load_weights
+from dpvision.models.weights import load_weights, read_weights
 from dpvision.runs.saved import TrainedModel, privacy_of
 from dpvision.training.checkpoint import TrainingState
 from dpvision.training.options import DPSGDOptions
@@ -109,12 +111,14 @@ def initial_model(
             model, plan.encoder, model_name=options.model, input_shape=plan.info.input_shape
         )
     elif options.init is not None:
-        report = load_weights(model, options.init)  # its record was checked by load_inputs
+        head = head_init_for(options, data.name)
+        report = load_weights(model, options.init, head)  # its record was checked by load_inputs
         say(report.message(), quiet)
         info["init"] = {
             "path": str(options.init),
             "sha256": init_sha256 or encoder_digest(options.init),
             "head_replaced": report.head_replaced,
+            "head_init": report.head_init,
             "trained_on": report.record.get("trained_on") or report.record.get("dataset"),
         }
     if options.spec.external:
@@ -151,8 +155,9 @@ def released_model(
     mean = std = None
     if plan is not None:
         mean, std = plan.info.mean, plan.info.std
-    elif config.features == "pixels" and options.normalization == "dataset":
-        mean, std = DATASET_STATISTICS[data.name]
+    elif config.features == "pixels":
+        statistics = pixel_statistics(options, data.name, int(data.train_x.shape[1]))
+        mean, std = statistics if statistics is not None else (None, None)
     return TrainedModel(
         method=config.method,
         dataset=data.name,
@@ -172,3 +177,64 @@ def released_model(
         batchnorm=options.batchnorm_mode,
         class_names=data.class_names,
     )
+
+
+def head_init_for(options: DPSGDOptions, dataset: str) -> str:
+    """How the classifier starts (``learner.head_init``): ``auto`` keeps the head of
+    ``learner.init`` when its file says it was trained on ``dataset`` (its outputs are this
+    run's classes, as a public slice's are), and zeroes it otherwise — a file trained on
+    other classes (Fashion-MNIST's for digits) or one that does not say (a timm state dict).
+
+    Measured (issue 40, ``benchmarks/results/transfer_pairs.md``): Fashion-MNIST weights
+    fine-tuned on digits at ε = 1 lost to scratch with their own 10-class head kept (its
+    logits name clothes) and gained with it zeroed.
+
+    Privacy: decided by the config and the weight file's record, never by the private data.
+    """
+    if options.head_init != "auto" or options.init is None:
+        return options.head_init
+    record = read_weights(options.init)[1]
+    trained_on = record.get("dataset")
+    return "keep" if trained_on is not None and same_dataset(trained_on, dataset) else "zero"
+
+
+def pixel_statistics(options: DPSGDOptions, dataset: str, channels: int) -> Statistics | None:
+    """The per-channel ``(mean, std)`` a DP-SGD run standardises its pixels with, or
+    ``None`` (pixels in [0, 1]): ``learner.normalization``, with ``auto`` meaning ``init``
+    when ``learner.init`` is set and ``none`` otherwise.
+
+    ``init``: the statistics the weights were trained with, so that the network sees
+    inputs on the scale it learnt (timm's weights expect ImageNet's mean and std; a model
+    pre-trained on raw pixels expects raw pixels). In order: the file's recorded statistics
+    (a ``dpvision pretrain`` file, a ``dpvision train --save`` model), the published
+    statistics of the dataset it records with ``normalization = "dataset"``, timm's
+    ``pretrained_cfg`` for a ``timm:`` model, else none. Three-channel statistics for a
+    one-channel run (an RGB stem summed to one channel) are averaged.
+
+    Privacy: public constants (the config, the weight file, timm's registry); nothing is
+    read off the private data.
+    """
+    mode = options.normalization
+    if mode == "auto":
+        mode = "init" if options.init is not None else "none"
+    if mode == "none":
+        return None
+    if mode == "dataset":
+        return dataset_statistics(dataset)
+    assert options.init is not None  # refused by DPSGDOptions.validated
+    record = read_weights(options.init)[1]
+    statistics = record.get("input_statistics")
+    if statistics is None and record.get("normalization") == "dataset" and record.get("dataset"):
+        statistics = dataset_statistics(str(record["dataset"]))
+    if statistics is None and options.spec.kind == "timm":
+        statistics = timm_models.default_statistics(options.spec.name)
+    if statistics is None:
+        return None
+    mean, std = (tuple(float(v) for v in values) for values in statistics)
+    if len(mean) != channels and channels == 1:
+        mean, std = (sum(mean) / len(mean),), (sum(std) / len(std),)
+    if len(mean) != channels:
+        return None
+    if all(m == 0.0 for m in mean) and all(s == 1.0 for s in std):
+        return None  # the identity: pixels in [0, 1], as without statistics
+    return mean, std

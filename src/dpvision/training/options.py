@@ -35,13 +35,14 @@ from dpvision.mechanisms.clip_policy import CLIP_POLICIES
 from dpvision.models.finetune import FINETUNE_MODES
 from dpvision.models.registry import BATCHNORM_MODES, check_model
 from dpvision.models.spec import ModelSpec
+from dpvision.models.weights import HEAD_INITS
 from dpvision.options import Choice, Interval, check, check_known, coerce, option, option_hints
 from dpvision.per_example import CLIPPING_METHODS
 
 _log = logging.getLogger(__name__)
 
 OPTIMIZERS = ("sgd", "adam")
-NORMALIZATIONS = ("none", "dataset")
+NORMALIZATIONS = ("auto", "none", "dataset", "init")
 # Finite: an infinite learning rate, clip norm or weight decay is refused with the config.
 _POSITIVE = Interval(0, math.inf)
 _NON_NEGATIVE = Interval(0, math.inf, closed="left")
@@ -97,7 +98,8 @@ class DPSGDOptions:
         ``{img_size = 32}`` for a timm ViT on 32×32 images); recorded in the model file.
       init: weights to start from (:mod:`dpvision.models.weights`: a state dict ``.pt`` or
         ``.safetensors``, a ``dpvision pretrain`` file, a dpvision checkpoint or model); the
-        head starts fresh when the file's does not fit the task.
+        head as ``head_init`` says. ``""`` means none (how ``tune --transfer`` spells
+        its scratch candidate).
       finetune: what trains (:mod:`dpvision.models.finetune`): ``all``, ``head``,
         ``norms+head`` or ``bias+head``; the rest is frozen, never clipped nor noised.
       batchnorm: BatchNorm of timm/torchvision/python models: ``freeze`` (running
@@ -136,8 +138,16 @@ class DPSGDOptions:
       ema_decay: μ of the parameter EMA (0: off); reported accuracy is then the EMA's.
       groups: input GroupNorm groups of ``scatter-cnn`` (0: none, e.g. after private-norm);
         GroupNorm groups of ``wrn``.
-      normalization: ``dataset`` (published per-dataset mean/std, public constants) or
-        ``none`` (pixels in [0, 1]).
+      normalization: ``dataset`` (published per-dataset mean/std, public constants),
+        ``none`` (pixels in [0, 1]), ``init`` (the statistics ``learner.init`` was trained
+        with: the ones its file records, else timm's ``pretrained_cfg`` mean/std), or
+        ``auto`` (the default): ``init`` when ``learner.init`` is set, else ``none``
+        (:func:`dpvision.runs.network.pixel_statistics`).
+      head_init: how the classifier starts when ``learner.init`` is set: ``keep`` (the
+        file's head when it fits), ``zero`` or ``random`` (the model's own
+        initialisation); ``auto`` (the default) keeps the file's head when the file was
+        trained on this run's dataset (its classes mean the same) and zeroes it otherwise
+        (:func:`dpvision.runs.network.head_init_for`).
       encoder: ``--method dp-randp`` only: the Phase I encoder file (``dpvision pretrain``);
         unset, Phase I runs first with the ``[pretrain]`` options (cached by them).
       phase2_steps: ``dp-randp``: N₁, the first steps, which train only the head (Phase
@@ -153,6 +163,7 @@ class DPSGDOptions:
     model_args: dict[str, Any] = dataclasses.field(default_factory=dict)
     init: str | None = None
     finetune: str = option("all", Choice(FINETUNE_MODES))
+    head_init: str = option("auto", Choice(HEAD_INITS))
     batchnorm: str = option("auto", Choice(BATCHNORM_MODES))
     init_allow_same_dataset: bool = False
     batch_size: int = option(256, _POSITIVE)
@@ -178,7 +189,7 @@ class DPSGDOptions:
     padding_mode: str = option("reflect", Choice(PADDING_MODES))
     ema_decay: float = option(0.0, Interval(0, 1, closed="left"))
     groups: int = option(27, _NON_NEGATIVE)
-    normalization: str = option("none", Choice(NORMALIZATIONS))
+    normalization: str = option("auto", Choice(NORMALIZATIONS))
     encoder: str | None = None
     phase2_steps: int | None = option(None, _NON_NEGATIVE)
     phase2_fraction: float | None = option(None, Interval(0, 1, closed="both"))
@@ -200,6 +211,8 @@ class DPSGDOptions:
         hints.update(option_hints(PerformanceOptions))
         check_known(raw, sorted(hints), "unknown learner option {key!r} for dp-sgd; valid: {valid}")
         values = {key: coerce(f"learner.{key}", value, hints[key]) for key, value in raw.items()}
+        if values.get("init") == "":  # no weights: how a search spells "from scratch"
+            values["init"] = None
         if "steps" in values and values["steps"] is not None and "epochs" not in values:
             values["epochs"] = None
         performance = PerformanceOptions(
@@ -219,6 +232,10 @@ class DPSGDOptions:
         del out["performance"]
         if not out["model_args"]:  # as before the option existed: old checkpoints resume
             del out["model_args"]
+        if out["head_init"] == "auto":
+            del out["head_init"]
+        if out["normalization"] == "auto" and self.init is None:  # what "auto" was before
+            out["normalization"] = "none"
         return out
 
     @functools.cached_property
@@ -245,6 +262,9 @@ class DPSGDOptions:
             raise DPVisionError("give only one of learner.steps and learner.epochs")
         if self.phase2_steps is not None and self.phase2_fraction is not None:
             raise DPVisionError("give only one of learner.phase2_steps and learner.phase2_fraction")
+        if self.init is None and (self.normalization == "init" or self.head_init != "auto"):
+            key = "normalization = 'init'" if self.normalization == "init" else "head_init"
+            raise DPVisionError(f"learner.{key} is about learner.init's weights: set learner.init")
         return self
 
     @property

@@ -358,7 +358,9 @@ def rows_trained_on(
     was trained on copies of them: :func:`check_private_rows` on the rows outside the run's
     own public slice (``public_fraction``), as dataset row indices.
 
-    ``resized``: the run brought the images to an ``image_size``. Rows are matched by the
+    ``resized``: the run brought the images to an ``image_size`` and ``images`` are not the
+    rows at their own size (an image folder resized as each file is decoded; arrays keep
+    them, :attr:`dpvision.data.core.ImageDataset.row_images`). Rows are matched by the
     digests of their pixels as pre-training read them (their own size), so a file that
     records digests is refused then: resized rows would match none of them, and the rows
     the weights were trained on would count as private ones unnoticed.
@@ -367,10 +369,10 @@ def rows_trained_on(
     """
     if resized and not allow and _recorded_digests(record, what) is not None:
         raise DPVisionError(
-            f"{what} was pre-trained on rows of its dataset, matched to this run's rows by "
-            "their pixels, and this run resizes the images (image_size): train without "
-            "image_size, or pre-train on another dataset"
-            + (f" (or set {override} if you accept it)" if override else "")
+            f"{what} records the rows it was trained on, matched to this run's rows by "
+            "their pixels at their own size, and this run resizes each image as it is decoded "
+            "(image_size): train without image_size, or convert the folder to an npz of one "
+            "size first" + (f" (or set {override} if you accept it)" if override else "")
         )
     labels = np.asarray(labels)
     private = np.arange(len(labels))

@@ -80,3 +80,17 @@ def default_geometry(name: str, model_args: Mapping[str, Any] | None = None) -> 
     if cfg.interpolation in ("bilinear", "bicubic", "nearest", "lanczos"):
         found["interpolation"] = cfg.interpolation
     return found
+
+
+def default_statistics(name: str) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+    """The per-channel ``(mean, std)`` timm's ``pretrained_cfg`` gives ``timm:NAME``'s
+    pre-trained weights (ImageNet's for most), or ``None``. Reads timm's registry only.
+
+    Privacy: public (the model's name only).
+    """
+    check(name)
+    timm = require("timm", f"timm:{name}")
+    cfg = timm.models.get_pretrained_cfg(name)
+    if cfg is None or cfg.mean is None or cfg.std is None:
+        return None
+    return tuple(float(v) for v in cfg.mean), tuple(float(v) for v in cfg.std)

@@ -222,3 +222,84 @@ def test_tune_transfer_without_a_prior_is_one_line(argv, files, tmp_path, capsys
     assert len(err) == 1
     assert "--transfer chooses between scratch and fine-tuning" in err[0]
     assert not out.exists()
+
+
+def _tune_argv(data: Path, prior: Path, out: Path, *more: str) -> list[str]:
+    return [
+        "tune", "--quiet", "--transfer", "--dataset", f"npz:{data}", "--set", "num_classes=3",
+        "--method", "dp-sgd", "--set", "learner.model='mlp-16'", "--set", "learner.steps=3",
+        "--set", "learner.batch_size=64", "--set", f"learner.init={json.dumps(str(prior))}",
+        "--mean-runs", "3", "--epsilon", "2", "--json", str(out), *more,
+    ]  # fmt: skip
+
+
+def test_every_candidate_leaves_out_the_rows_any_candidates_weights_saw(tmp_path):
+    """A prior pre-trained on a declared-public slice of the very dataset: its rows are left
+    out of every candidate, scratch included, so all train on the same rows at the planned
+    q, whatever secret coins are drawn (before the fix, a drawn init candidate trained on
+    fewer rows than planned and the search stopped, telling that it had been drawn)."""
+    data = _write_npz(tmp_path / "data.npz", shift=0)
+    options = SupervisedOptions.from_dict(
+        {
+            "dataset": f"npz:{data}",
+            "num_classes": 3,
+            "model": "mlp-16",
+            "steps": 5,
+            "batch_size": 32,
+            "learning_rate": 0.1,
+            "public_fraction": 0.3,
+        }
+    )
+    pretrain_supervised(options, tmp_path / "prior.pt", quiet=True)
+    sizes = set()
+    for seed in range(4):
+        out = tmp_path / f"o{seed}.json"
+        assert (
+            main(_tune_argv(data, tmp_path / "prior.pt", out, "--set", f"secret_seed={seed}")) == 0
+        )
+        result = json.loads(out.read_text())
+        sizes.add(result["tuning"]["n_train"] + result["tuning"]["n_validation"])
+    # the secret split key moves rows between training and validation, never the prior's
+    # public slice, which is out of every candidate
+    assert len(sizes) == 1
+    assert sizes.pop() < 400
+
+
+def test_weights_trained_on_the_whole_dataset_are_refused_before_any_draw(tmp_path, capsys):
+    """The refusal (whose cost would be outside the ledger) comes from the plan, before any
+    secret coin: the same one line whatever the draws, no file written."""
+    data = _write_npz(tmp_path / "data.npz", shift=0)
+    options = SupervisedOptions.from_dict(
+        {"dataset": f"npz:{data}", "num_classes": 3, "model": "mlp-16", "steps": 5}
+    )
+    pretrain_supervised(options, tmp_path / "whole.pt", quiet=True)
+    errors = set()
+    for seed in range(3):
+        out = tmp_path / f"o{seed}.json"
+        argv = _tune_argv(data, tmp_path / "whole.pt", out, "--set", f"secret_seed={seed}")
+        assert main(argv) == 2
+        assert not out.exists()
+        errors.add(capsys.readouterr().err.strip())
+    assert len(errors) == 1
+    assert "not declared public" in errors.pop()
+
+
+def test_what_issue_40_changed_changes_the_noise_and_the_checkpoint_identity():
+    """A secret_seed never replays an older run's noise on other inputs or rows: runs with
+    learner.init (statistics, head) or image_size (rows read at their own size) get another
+    secret context, and resized runs another checkpoint identity; other runs keep theirs."""
+    from dpvision.config import TrainConfig
+    from dpvision.runs.schedule import run_settings
+
+    def context(config: TrainConfig) -> bytes:
+        return config.secret_randomness().split_key()
+
+    plain = TrainConfig(method="dp-sgd", secret_seed=3, learner={"model": "mlp-8"})
+    init = TrainConfig(method="dp-sgd", secret_seed=3, learner={"model": "mlp-8", "init": "w.pt"})
+    resized = TrainConfig(method="dp-sgd", secret_seed=3, image_size=16)
+    assert "row_identity" not in run_settings(plain)
+    assert run_settings(resized)["row_identity"] == "native"
+    assert "init_recipe" in json.dumps(init.secret_randomness().source) or context(init) != context(
+        plain
+    )
+    assert len({context(plain), context(init), context(resized)}) == 3

@@ -29,7 +29,7 @@ METHODS = (AUTO, *LEARNERS, *DEEP_METHODS)
 """``auto``, the feature learners (:data:`dpvision.learners.LEARNERS`), the deep methods."""
 
 
-ADDED_DEFAULTS = {**DEFAULTS, "test_fraction": TEST_FRACTION}
+ADDED_DEFAULTS = {**DEFAULTS, "test_fraction": TEST_FRACTION, "leave_out_rows_of": ()}
 """Options added after runs were published: at their defaults they stay out of the secret
 randomness's context, so a ``secret_seed`` replays those runs' noise exactly."""
 
@@ -99,6 +99,11 @@ class TrainConfig:
         the private run (:mod:`dpvision.data.splits`: a fixed, published keyed hash of each
         example, the one ``dpvision pretrain --public-fraction`` trains on); 0 (the
         default): all are private.
+      leave_out_rows_of: weight files whose training rows this run leaves out as public,
+        as it does for its own ``learner.init`` (copies of their declared-public rows),
+        without loading them; ``dpvision tune`` gives every candidate the files of all of
+        them, so that every candidate trains and validates on the same rows
+        (:mod:`dpvision.runs.weight_rows`).
       preprocessing: see :class:`PreprocessingConfig`.
       learner: keyword arguments of the learner's estimator (validated against it).
       pretrain: ``dp-randp``: Phase I options, used when ``learner.encoder`` is unset
@@ -131,6 +136,7 @@ class TrainConfig:
     validation: str = option("private", Choice(("private", "public")))
     validation_noise: float | None = option(None, Interval(0, math.inf))
     public_fraction: float = option(0.0, Interval(0, 1, closed="left"))
+    leave_out_rows_of: tuple[str, ...] = ()
     preprocessing: PreprocessingConfig = field(default_factory=PreprocessingConfig)
     learner: dict[str, Any] = field(default_factory=dict)
     pretrain: dict[str, Any] = field(default_factory=dict)
@@ -153,6 +159,14 @@ class TrainConfig:
         for key, default in ADDED_DEFAULTS.items():  # runs from before these options replay
             if context.get(key) == default:
                 del context[key]
+        # What changed meaning with issue 40 changes the noise too, so that a secret_seed
+        # never gives an old run's noise to a computation on other inputs or rows: a resized
+        # run's splits read the rows at their own size, and learner.init brings the file's
+        # input statistics and (for other classes) a zero head.
+        if self.image_size is not None:
+            context["row_identity"] = "native"
+        if self.learner.get("init"):
+            context["init_recipe"] = 2
         return SecretRandomness(
             self.secret_seed,
             secure=self.secure_mode,

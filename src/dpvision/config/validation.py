@@ -153,6 +153,9 @@ def validate(config: TrainConfig) -> TrainConfig:
                     "the dataset's image shape); remove it from [pretrain]"
                 )
             PretrainOptions.from_dict(config.pretrain)
+        missing = [p for p in config.leave_out_rows_of if not Path(p).expanduser().is_file()]
+        if missing:
+            raise DPVisionError(f"leave_out_rows_of: {missing[0]} not found")
         if options.init is not None and not Path(options.init).expanduser().is_file():
             raise DPVisionError(
                 f"learner.init: {options.init} not found (weights are never downloaded at run "

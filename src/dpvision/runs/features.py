@@ -22,10 +22,9 @@ from dpvision.features.spec import NETWORK_FEATURES
 from dpvision.learners import LEARNERS
 from dpvision.log import say
 from dpvision.mechanisms.secret import SecretRandomness
-from dpvision.models.weights import read_weights
 from dpvision.runs.saved import TrainedModel, privacy_of
 from dpvision.runs.validation import ValidationRelease
-from dpvision.training.supervised import rows_trained_on
+from dpvision.runs.weight_rows import weight_rows
 
 
 def _channels(config: TrainConfig, dataset: Any, spec: Any) -> int:
@@ -72,16 +71,8 @@ def run_features(
         say(f"loading dataset {config.dataset}", quiet)
         dataset = config.load_dataset()
         source = feature_source(spec) if spec.name in NETWORK_FEATURES else None
-        if source is not None:  # copies of the weights' public rows are public too
-            also_public = rows_trained_on(
-                read_weights(source)[1],
-                dataset.name,
-                dataset.row_images,
-                dataset.train_labels,
-                config.public_fraction,
-                what=f"the {spec.name} weights {source}",
-                resized=not dataset.row_identity_kept,
-            )
+        # copies of the weights' public rows are public too
+        also_public = weight_rows(config, dataset, source, what=f"the {spec.name} weights")
         # The learner's d×d matrices must fit: refused (or warned of) before the extraction.
         LEARNERS[config.method](
             num_classes=dataset.num_classes, device=str(config.placement.device), **config.learner

@@ -24,10 +24,9 @@ from dpvision.features import FeatureSpec, feature_shape, load_or_extract, parse
 from dpvision.features.preprocessing import FittedPreprocessing, preprocess
 from dpvision.log import say
 from dpvision.mechanisms.secret import SecretRandomness
-from dpvision.models.weights import read_weights
 from dpvision.runs.network import pixel_statistics
+from dpvision.runs.weight_rows import weight_rows
 from dpvision.training.options import DPSGDOptions
-from dpvision.training.supervised import rows_trained_on
 
 
 def load_inputs(
@@ -76,19 +75,14 @@ class _Split:
         """
         ledger = PrivacyLedger()
         labels = np.asarray(dataset.train_labels)
-        also_public = None
-        if options.init is not None:  # copies of the weights' public rows are public too
-            also_public = rows_trained_on(
-                read_weights(options.init)[1],
-                dataset.name,
-                dataset.row_images,
-                labels,
-                config.public_fraction,
-                what=f"learner.init {options.init}",
-                allow=options.init_allow_same_dataset,
-                override="learner.init_allow_same_dataset = true",
-                resized=not dataset.row_identity_kept,
-            )
+        # copies of the weights' public rows are public too
+        also_public = weight_rows(
+            config,
+            dataset,
+            options.init,
+            allow=options.init_allow_same_dataset,
+            override="learner.init_allow_same_dataset = true",
+        )
         split = training_rows(
             dataset.row_images,
             labels,

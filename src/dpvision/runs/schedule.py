@@ -83,6 +83,8 @@ def run_settings(config: TrainConfig) -> dict[str, Any]:
     for name, default in ADDED_DEFAULTS.items():  # image geometry, test_fraction: as above
         if data.get(name) == default:
             data.pop(name, None)
+    if config.image_size is not None:  # the splits read the rows at their own size (issue 40)
+        data["row_identity"] = "native"
     options = config.dpsgd
     # Under the options' former names, so that checkpoints written before the rename resume.
     data["learner"] = names_before_rename(options.run_settings())

@@ -21,9 +21,14 @@ from dpvision.accounting import Repetitions, calibrate_noise_multiplier
 from dpvision.accounting.ledger import LedgerEntry, PrivacyLedger, SelectionEntry
 from dpvision.accounting.selection import selection_epsilon
 from dpvision.config import TrainConfig, override
+from dpvision.config.schema import DEEP_METHODS
 from dpvision.errors import DPVisionError
+from dpvision.features import parse_feature_spec
+from dpvision.features.backbone import feature_source
+from dpvision.features.spec import NETWORK_FEATURES
 from dpvision.learners import LEARNERS
 from dpvision.mechanisms.secret import SecretRandomness
+from dpvision.recipes import AUTO
 from dpvision.runs.auto import apply_recipe, data_facts
 from dpvision.runs.schedule import steps_and_rate
 from dpvision.runs.search import SCORE_SHARE, Search, TuneSettings, set_items
@@ -184,6 +189,13 @@ def _candidates(
     # value anywhere in the search is a one-line error before any work.
     settings = search.candidates()
     configs = [override(base, set_items(setting)) for setting in settings]
+    # Every candidate leaves out the rows any candidate's weights were trained on: the same
+    # rows for all, whatever the private data holds (:mod:`dpvision.runs.weight_rows`).
+    files = sorted({path for config in configs for path in _weight_files(config)})
+    if files:
+        configs = [
+            dataclasses.replace(config, leave_out_rows_of=tuple(files)) for config in configs
+        ]
     for setting, validated in zip(settings, configs, strict=True):
         _check_candidate(validated, setting)  # again below, with the recipe's preprocessing
     for index, (setting, validated) in enumerate(zip(settings, configs, strict=True)):
@@ -265,3 +277,17 @@ def _calibrate_scale(
         else:
             high = middle
     return high, total(high)
+
+
+def _weight_files(config: TrainConfig) -> list[str]:
+    """The weight files whose rows ``config``'s run leaves out (its ``learner.init``, its
+    feature source, and those it was given)."""
+    files = list(config.leave_out_rows_of)
+    if config.method in DEEP_METHODS and config.dpsgd.init is not None:
+        files.append(config.dpsgd.init)
+    elif config.features != AUTO:
+        spec = parse_feature_spec(config.features)
+        source = feature_source(spec) if spec.name in NETWORK_FEATURES else None
+        if source is not None:
+            files.append(source)
+    return files

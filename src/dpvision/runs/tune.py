@@ -417,7 +417,6 @@ def _check_ran_as_planned(result: dict[str, Any], candidate: Candidate, sigma: f
     )
     if not ok:
         raise DPVisionError(
-            f"candidate {candidate.index} made releases other than the {candidate.count} at "
-            f"q = {candidate.sample_rate:g}, σ = {sigma:.6g} it was calibrated for: this is a "
-            "bug in dpvision, please report it; nothing was released"
+            "a run made releases other than those it was calibrated for: this is a bug in "
+            "dpvision, please report it; nothing was released"
         )

@@ -1,0 +1,55 @@
+"""The rows a run leaves out because weight files were trained on copies of them: its own
+weights (``learner.init``, a ``backbone:``/``encoder:`` feature source) and the files of
+``leave_out_rows_of`` (what ``dpvision tune`` gives every candidate: the weight files of all
+of them, so that every candidate trains and validates on the same rows).
+
+Privacy: which rows are left out is decided for each row alone, by its digest against the
+digests a file records (:func:`dpvision.training.supervised.rows_trained_on`); a file trained
+on a whole training set that shares a row with the private data is refused in one line
+before anything is released. A search whose candidates left out different rows would train
+them on different data and score them on different validation sets, and an init candidate
+would fail (or not) according to whether the private data holds such a copy: the union
+closes both.
+"""
+
+from functools import reduce
+
+import numpy as np
+
+from dpvision.config import TrainConfig
+from dpvision.data.core import ImageDataset
+from dpvision.models.weights import read_weights
+from dpvision.training.supervised import rows_trained_on
+
+
+def weight_rows(
+    config: TrainConfig,
+    dataset: ImageDataset,
+    own: str | None,
+    *,
+    what: str = "learner.init",
+    allow: bool = False,
+    override: str | None = None,
+) -> np.ndarray | None:
+    """The dataset rows (indices into its training set) to leave out as public: those that
+    ``own`` and every file of ``config.leave_out_rows_of`` were trained on; ``None`` when
+    there is no file. ``allow`` (``learner.init_allow_same_dataset``) lets any file pass."""
+    files = list(dict.fromkeys(f for f in (own, *config.leave_out_rows_of) if f))
+    if not files:
+        return None
+    labels = np.asarray(dataset.train_labels)
+    rows = [
+        rows_trained_on(
+            read_weights(path)[1],
+            dataset.name,
+            dataset.row_images,
+            labels,
+            config.public_fraction,
+            what=f"{what} {path}" if path == own else f"the weights {path} (another candidate's)",
+            allow=allow,
+            override=override,
+            resized=not dataset.row_identity_kept,
+        )
+        for path in files
+    ]
+    return reduce(np.union1d, rows)

@@ -351,3 +351,44 @@ def test_resized_arrays_are_matched_to_weights_by_their_native_rows():
         rows_trained_on(same, "digits", dataset.row_images, labels, 0.0, what="w.pt")
     public = public_split(native.train_images, labels, 0.1)[1]
     assert np.array_equal(public_split(dataset.row_images, labels, 0.1)[1], public)
+
+
+@pytest.mark.parametrize("where", [0, 700, 1438])
+def test_a_resized_run_splits_each_row_alone_whatever_row_is_added(where):
+    """Neighbouring datasets: the public slice and the validation coins of a resized run
+    read each row at its own size, so adding one row anywhere moves no other row."""
+    from dpvision.data.core import ImageDataset
+    from dpvision.data.datasets import resized
+    from dpvision.data.resize import ImageGeometry
+    from dpvision.data.splits import training_rows
+
+    native = _native_digits()
+    geometry = ImageGeometry.from_config({"image_size": 16})
+    extra = np.random.default_rng(9).integers(0, 256, (1, 8, 8, 1), dtype=np.uint8)
+    grown = ImageDataset(
+        native.name,
+        np.insert(native.train_images, where, extra, axis=0),
+        np.insert(native.train_labels, where, 3),
+        native.test_images,
+        native.test_labels,
+        native.num_classes,
+    )
+    sides = []
+    for data in (resized(native, geometry), resized(grown, geometry)):
+        rows = training_rows(
+            data.row_images,
+            np.asarray(data.train_labels),
+            public_fraction=0.2,
+            validation_fraction=0.2,
+            key=b"k" * 32,
+        )
+        side = np.zeros(len(data.train_labels), dtype=np.int8)
+        side[rows.validation], side[rows.public] = 1, 2
+        sides.append(side)
+    assert np.array_equal(np.delete(sides[1], where), sides[0])
+
+
+def _native_digits():  # type: ignore[no-untyped-def]
+    from dpvision.config import TrainConfig
+
+    return TrainConfig(dataset="digits").load_dataset()

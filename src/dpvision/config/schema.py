@@ -29,7 +29,7 @@ METHODS = (AUTO, *LEARNERS, *DEEP_METHODS)
 """``auto``, the feature learners (:data:`dpvision.learners.LEARNERS`), the deep methods."""
 
 
-ADDED_DEFAULTS = {**DEFAULTS, "test_fraction": TEST_FRACTION, "leave_out_rows_of": ()}
+ADDED_DEFAULTS = {**DEFAULTS, "test_fraction": TEST_FRACTION, "leave_out_rows_of": []}
 """Options added after runs were published: at their defaults they stay out of the secret
 randomness's context, so a ``secret_seed`` replays those runs' noise exactly."""
 
@@ -146,6 +146,7 @@ class TrainConfig:
         """The config as published (result JSON, model file): without ``secret_seed``."""
         data = dataclasses.asdict(self)
         del data["secret_seed"]
+        data["leave_out_rows_of"] = list(self.leave_out_rows_of)  # as JSON reads it back
         return data
 
     def secret_randomness(self) -> SecretRandomness:

@@ -24,9 +24,11 @@ the DP-RandP dead-leaves encoder → scikit-learn's digits at 28 × 28; Fashion-
 public slice, the dead-leaves encoder and a prior trained on the digits at 28 × 28 → the
 other 90 % of Fashion-MNIST (``finetune_fmnist.py``'s split and recipe: B = 2048, momentum
 0.9, C = 0.1, EMA 0.9999, lr 4; fine-tuning for 10 epochs; the public-slice prior made
-again, as that script's predates the file's record of its rows). A timm model is not in
-the table: fine-tuning one on 54 000 images at three seeds and two ε is hours on this
-2-core CPU.
+again, as that script's predates the file's record of its rows). The stored table holds the
+public-slice pair and the digits pairs: the dead-leaves and digits → Fashion-MNIST pairs
+(``--pairs fashion-randp,fashion-digits``) take about an hour more here and were not run
+for it. A timm model is not in the table: fine-tuning one on 54 000 images at three
+seeds and two ε is hours on this 2-core CPU.
 
 Every private run holds out a validation split (``VALIDATION`` of its private rows) that
 chooses hyper-parameters; the test set is read once per run, at its end, and never

@@ -10,12 +10,9 @@ import dataclasses
 from typing import Any
 
 from dpvision.config import TrainConfig, validate
-from dpvision.config.schema import DEEP_METHODS
 from dpvision.data.splits import training_rows
 from dpvision.features import parse_feature_spec
-from dpvision.features.backbone import feature_source
 from dpvision.features.precomputed import load_feature_files
-from dpvision.features.spec import NETWORK_FEATURES
 from dpvision.mechanisms.secret import SecretRandomness
 from dpvision.recipes import (
     AUTO,
@@ -27,7 +24,7 @@ from dpvision.recipes import (
     linear_schedule,
     schedule_for,
 )
-from dpvision.runs.weight_rows import weight_rows
+from dpvision.runs.weight_rows import run_weight_rows
 
 __all__ = ["DataFacts", "apply_recipe", "data_facts"]
 
@@ -152,18 +149,7 @@ def data_facts(config: TrainConfig, secret: SecretRandomness | None = None) -> D
         height, width, channels = dataset.image_shape
         rows, labels, shape = dataset.row_images, dataset.train_labels, (channels, height, width)
         # the rows the run's weight files were trained on are left out as the run does
-        if config.method in DEEP_METHODS:
-            options = config.dpsgd
-            also_public = weight_rows(
-                config,
-                dataset,
-                options.init,
-                allow=options.init_allow_same_dataset,
-                override="learner.init_allow_same_dataset = true",
-            )
-        else:
-            source = feature_source(spec) if spec.name in NETWORK_FEATURES else None
-            also_public = weight_rows(config, dataset, source, what=f"the {spec.name} weights")
+        also_public = run_weight_rows(config, dataset)
     secret = secret or config.secret_randomness()
     split = training_rows(
         rows,

@@ -25,7 +25,7 @@ from dpvision.features.preprocessing import FittedPreprocessing, preprocess
 from dpvision.log import say
 from dpvision.mechanisms.secret import SecretRandomness
 from dpvision.runs.network import pixel_statistics
-from dpvision.runs.weight_rows import weight_rows
+from dpvision.runs.weight_rows import run_weight_rows
 from dpvision.training.options import DPSGDOptions
 
 
@@ -76,13 +76,7 @@ class _Split:
         ledger = PrivacyLedger()
         labels = np.asarray(dataset.train_labels)
         # copies of the weights' public rows are public too
-        also_public = weight_rows(
-            config,
-            dataset,
-            options.init,
-            allow=options.init_allow_same_dataset,
-            override="learner.init_allow_same_dataset = true",
-        )
+        also_public = run_weight_rows(config, dataset)
         split = training_rows(
             dataset.row_images,
             labels,

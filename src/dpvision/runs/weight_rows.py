@@ -17,8 +17,13 @@ from functools import reduce
 import numpy as np
 
 from dpvision.config import TrainConfig
+from dpvision.config.schema import DEEP_METHODS
 from dpvision.data.core import ImageDataset
+from dpvision.features import parse_feature_spec
+from dpvision.features.backbone import feature_source
+from dpvision.features.spec import NETWORK_FEATURES
 from dpvision.models.weights import read_weights
+from dpvision.recipes import AUTO
 from dpvision.training.supervised import rows_trained_on
 
 
@@ -53,3 +58,23 @@ def weight_rows(
         for path in files
     ]
     return reduce(np.union1d, rows)
+
+
+def run_weight_rows(config: TrainConfig, dataset: ImageDataset) -> np.ndarray | None:
+    """:func:`weight_rows` for ``config``'s run: its own file is ``learner.init`` for the
+    deep methods (with ``learner.init_allow_same_dataset``), the ``backbone:``/``encoder:``
+    weights of its features otherwise."""
+    if config.method in DEEP_METHODS:
+        options = config.dpsgd
+        return weight_rows(
+            config,
+            dataset,
+            options.init,
+            allow=options.init_allow_same_dataset,
+            override="learner.init_allow_same_dataset = true",
+        )
+    if config.features == AUTO:  # the recipe's features: ScatterNet or pixels, no weights
+        return weight_rows(config, dataset, None)
+    spec = parse_feature_spec(config.features)
+    source = feature_source(spec) if spec.name in NETWORK_FEATURES else None
+    return weight_rows(config, dataset, source, what=f"the {spec.name} weights")

@@ -25,6 +25,7 @@ its ledger). Which head is replaced depends only on shapes and the caller's choi
 """
 
 import dataclasses
+import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -39,7 +40,14 @@ from dpvision.fileio import load_torch
 from dpvision.models.encoder import ENCODER_FORMAT
 from dpvision.models.heads import head_name
 
-__all__ = ["HEAD_INITS", "LoadReport", "check_trained_on", "load_weights", "read_weights"]
+__all__ = [
+    "HEAD_INITS",
+    "LoadReport",
+    "check_trained_on",
+    "load_weights",
+    "read_weights",
+    "weights_record",
+]
 
 HEAD_INITS = ("auto", "keep", "zero", "random")
 """``learner.head_init``: ``keep`` the file's head when it fits (else zero), ``zero`` or
@@ -109,6 +117,22 @@ def read_weights(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, A
             "tensors is needed; pickled code is not run)"
         ) from None
     return _unwrap(payload, path)
+
+
+def weights_record(path: str | Path) -> dict[str, Any]:
+    """What the file at ``path`` records of its training (:func:`read_weights`'s second
+    part), read once per version of the file: a run asks for it to split its rows, to
+    choose its head and its input statistics, and a timm file may be hundreds of MB."""
+    path = Path(path)
+    if not path.is_file():
+        return read_weights(path)[1]  # its one-line error
+    stat = path.stat()
+    return dict(_cached_record(str(path.resolve()), stat.st_mtime_ns, stat.st_size))
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_record(path: str, mtime_ns: int, size: int) -> dict[str, Any]:
+    return read_weights(path)[1]
 
 
 def _read_safetensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

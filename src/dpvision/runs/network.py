@@ -24,7 +24,7 @@ from dpvision.models.finetune import apply_finetune
 from dpvision.models.registry import build_network, check_forward, prepare_for_dp
 from dpvision.models.sources import timm_models
 from dpvision.models.validation import validate_model
-from dpvision.models.weights import load_weights, read_weights
+from dpvision.models.weights import load_weights, weights_record
 from dpvision.runs.saved import TrainedModel, privacy_of
 from dpvision.training.checkpoint import TrainingState
 from dpvision.training.options import DPSGDOptions
@@ -193,7 +193,7 @@ def head_init_for(options: DPSGDOptions, dataset: str) -> str:
     """
     if options.head_init != "auto" or options.init is None:
         return options.head_init
-    record = read_weights(options.init)[1]
+    record = weights_record(options.init)
     trained_on = record.get("dataset")
     return "keep" if trained_on is not None and same_dataset(trained_on, dataset) else "zero"
 
@@ -222,7 +222,7 @@ def pixel_statistics(options: DPSGDOptions, dataset: str, channels: int) -> Stat
     if mode == "dataset":
         return dataset_statistics(dataset)
     assert options.init is not None  # refused by DPSGDOptions.validated
-    record = read_weights(options.init)[1]
+    record = weights_record(options.init)
     statistics = record.get("input_statistics")
     if statistics is None and record.get("normalization") == "dataset" and record.get("dataset"):
         statistics = dataset_statistics(str(record["dataset"]))

@@ -22,7 +22,7 @@ from dpvision.data.core import ImageDataset
 from dpvision.features import parse_feature_spec
 from dpvision.features.backbone import feature_source
 from dpvision.features.spec import NETWORK_FEATURES
-from dpvision.models.weights import read_weights
+from dpvision.models.weights import weights_record
 from dpvision.recipes import AUTO
 from dpvision.training.supervised import rows_trained_on
 
@@ -45,7 +45,7 @@ def weight_rows(
     labels = np.asarray(dataset.train_labels)
     rows = [
         rows_trained_on(
-            read_weights(path)[1],
+            weights_record(path),
             dataset.name,
             dataset.row_images,
             labels,

@@ -142,6 +142,10 @@ class TrainConfig:
     pretrain: dict[str, Any] = field(default_factory=dict)
     reference: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # A list (what JSON and TOML give back) and a tuple name the same files.
+        object.__setattr__(self, "leave_out_rows_of", tuple(self.leave_out_rows_of))
+
     def to_dict(self) -> dict[str, Any]:
         """The config as published (result JSON, model file): without ``secret_seed``."""
         data = dataclasses.asdict(self)

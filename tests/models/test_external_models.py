@@ -74,7 +74,10 @@ def test_an_imagenet_head_is_replaced_for_ten_classes(tmp_path, spec):
     model = build_network(spec, SHAPE, 10)
     report = load_weights(model, path)
     assert report.head_replaced
-    assert "classifier head 'fc' starts fresh" in report.message()
+    # Another number of classes: the head starts at zero (issue 40), the body as the file.
+    assert "classifier head 'fc' starts at zero" in report.message()
+    head = dict(model.named_parameters())
+    assert not any(head[f"fc.{k}"].any() for k in ("weight", "bias"))
     assert model(torch.rand(2, *SHAPE)).shape == (2, 10)
 
 

@@ -313,3 +313,27 @@ def test_dpvision_train_fine_tunes_a_timm_vit_resized_to_224(tmp_path, capsys):
     capsys.readouterr()
     assert main(["predict", str(tmp_path / "m.safetensors"), str(tmp_path / "new.npy")]) == 0
     assert len(capsys.readouterr().out.splitlines()) == 3  # resized as in training
+
+
+def test_timm_weights_without_a_record_are_standardised_as_their_pretrained_cfg(tmp_path):
+    """``learner.normalization = auto`` with a timm file that records no statistics takes
+    timm's ``pretrained_cfg`` mean and std (ImageNet's for resnet18), averaged for one
+    channel; ``none`` keeps raw pixels."""
+    from dpvision.runs.network import pixel_statistics
+    from dpvision.training.options import DPSGDOptions
+
+    path = _save(_source("timm:resnet18", classes=10), tmp_path / "w.safetensors")
+    options = DPSGDOptions.from_dict({"model": "timm:resnet18", "init": str(path)})
+    mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+    colour = pixel_statistics(options, "npz:x", 3)
+    assert colour is not None
+    assert colour[0] == pytest.approx(mean)
+    assert colour[1] == pytest.approx(std)
+    gray = pixel_statistics(options, "npz:x", 1)
+    assert gray is not None
+    assert gray[0] == pytest.approx((sum(mean) / 3,))
+    assert gray[1] == pytest.approx((sum(std) / 3,))
+    raw = DPSGDOptions.from_dict(
+        {"model": "timm:resnet18", "init": str(path), "normalization": "none"}
+    )
+    assert pixel_statistics(raw, "npz:x", 3) is None

@@ -357,3 +357,56 @@ def test_the_logged_command_line_hides_the_secret_seed_in_any_spelling(argv):
 
     args = build_parser().parse_args(argv)
     assert str(SECRET) not in " ".join(redact_secrets(argv, args))
+
+
+def _drawn_streams(monkeypatch: pytest.MonkeyPatch) -> list[list[bytes]]:
+    """Spies on every secret stream a run draws (the noise's, the learners', tune's scores
+    and runs), one list per run: the caller appends a list before each run."""
+    runs: list[list[bytes]] = []
+    original = SecretRandomness.key
+
+    def spy(self: SecretRandomness, name: str) -> bytes:
+        key = original(self, name)
+        runs[-1].append(key)
+        return key
+
+    monkeypatch.setattr(SecretRandomness, "key", spy)
+    return runs
+
+
+@pytest.mark.parametrize("entry", ["dp-ls", "dp-sgd", "tune"])
+def test_one_secret_seed_on_a_changed_dataset_replays_no_noise(
+    tmp_path, monkeypatch, entry, encoder
+):
+    """Issue 48, finding 4: the secret's context was the config alone, so the same config
+    rerun with one example added to the dataset file drew the same noise (dp-ls on D′ with
+    D's statistics replayed gave a bit-identical model): publishing both runs released the
+    new example's statistics without noise. Now the training rows key every noise stream;
+    the split keys stay the same, so the splits still move no other row."""
+    images, labels, _, _ = _digits()
+    runs = _drawn_streams(monkeypatch)
+    split_keys = []
+    for data in ((images, labels), (np.concatenate([images, images[:1]]), np.append(labels, 3))):
+        fields = {"dataset": _write(tmp_path / "d.npz", *data), "num_classes": 10}
+        fields |= {"epsilon": 2.0, "validation_fraction": 0.2, "secret_seed": SECRET}
+        runs.append([])
+        if entry == "tune":
+            fields |= {"method": "dp-fc", "features": "pixels", "learner": {"epochs": 2}}
+            dpvision.tune(["learner.learning_rate=0.1,0.5"], mean_runs=2.0, **fields)
+        else:
+            dpvision.train(**fields, **_fields(entry, encoder))
+        from dpvision.config import resolve
+
+        config = resolve(None, {k: v for k, v in fields.items() if k != "learner"})
+        split_keys.append(config.secret_randomness().split_key())
+    assert runs[0]
+    assert runs[1]
+    assert not set(runs[0]) & set(runs[1])
+    assert split_keys[0] == split_keys[1]
+    # The same rows replay the same streams (research replays still work).
+    runs.append([])
+    fields = {"dataset": _write(tmp_path / "d.npz", images, labels), "num_classes": 10}
+    fields |= {"epsilon": 2.0, "validation_fraction": 0.2, "secret_seed": SECRET}
+    if entry != "tune":
+        dpvision.train(**fields, **_fields(entry, encoder))
+        assert runs[2] == runs[0]

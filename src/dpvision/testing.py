@@ -27,6 +27,7 @@ own training loop under :class:`~dpvision.privacy_engine.PrivacyEngine`
 """
 
 import copy
+import functools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -406,3 +407,54 @@ def privacy_engine_release(
         loop(private, optimizer, loader)
 
     return run
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a run did: ``ran``, or ``refused`` with its one-line ``message``."""
+
+    refused: bool
+    message: str | None = None
+
+    def __str__(self) -> str:
+        return f"refused: {self.message}" if self.refused else "ran"
+
+
+def run_outcome(run: Callable[[], object]) -> Outcome:
+    """Runs ``run()`` and says whether it ran or refused (a
+    :class:`~dpvision.errors.DPVisionError`, or a command's exit code 2, with the error's
+    text or the stderr line the caller captured in the exception)."""
+    try:
+        result = run()
+    except DPVisionError as error:
+        return Outcome(True, str(error))
+    if isinstance(result, int) and not isinstance(result, bool) and result == 2:
+        return Outcome(True, None)  # a command that printed its one line and exited 2
+    return Outcome(False)
+
+
+def assert_same_outcome(run: Run, data: Data, neighbours: Sequence[Data]) -> Outcome:
+    """Asserts that D (``data``) and every neighbour D′ (one example added or removed) give
+    the same outcome: both run, or both refuse with the same message; returns D's.
+
+    The rule this checks (docs/guarantees.md, "No decision on private rows"): a check that
+    reads private rows may change *which rows* a mechanism sees, in a neighbour-stable way,
+    but never whether the run refuses, warns or logs, nor what it says: a refusal that only
+    one of D and D′ gives tells an adversary which of them the data is, exactly.
+
+    >>> assert_same_outcome(lambda d: sum(d[0]), ([1, 2],), [([1, 2, 3],)])
+    Outcome(refused=False, message=None)
+
+    Privacy:
+      A testing tool: it handles the data in the clear and must never run on a release
+      path.
+    """
+    outcome = run_outcome(functools.partial(run, data))
+    for index, neighbour in enumerate(neighbours):
+        other = run_outcome(functools.partial(run, neighbour))
+        if other != outcome:
+            raise AssertionError(
+                f"D and neighbour {index} differ: D {outcome}; D′ {other}: the outcome "
+                "depends on the private rows"
+            )
+    return outcome

@@ -323,7 +323,6 @@ def test_resized_arrays_are_matched_to_weights_by_their_native_rows():
     pre-training used, whatever image_size the run asks for."""
     from dpvision.config import TrainConfig
     from dpvision.data.splits import public_split
-    from dpvision.errors import DPVisionError
     from dpvision.training.supervised import public_rows_record, rows_trained_on
 
     native = TrainConfig(dataset="digits").load_dataset()
@@ -347,8 +346,9 @@ def test_resized_arrays_are_matched_to_weights_by_their_native_rows():
         "public_fraction": 0.0,
         "n_images": len(labels),
     }
-    with pytest.raises(DPVisionError, match="was trained on 1438 of this run's 1438"):
-        rows_trained_on(same, "digits", dataset.row_images, labels, 0.0, what="w.pt")
+    # Whole-set weights: their rows are left out, silently (issue 48), matched at their size.
+    every = rows_trained_on(same, "npz:copy.npz", dataset.row_images, labels, 0.0, what="w.pt")
+    assert np.array_equal(every, np.arange(len(labels)))
     public = public_split(native.train_images, labels, 0.1)[1]
     assert np.array_equal(public_split(dataset.row_images, labels, 0.1)[1], public)
 

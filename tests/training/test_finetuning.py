@@ -2,6 +2,7 @@
 and ``learner.init`` / ``learner.finetune`` / ``public_fraction`` in DP-SGD runs; the
 weights' record of their public rows and the check that none is a private row of the run."""
 
+import dataclasses
 import hashlib
 import json
 from pathlib import Path
@@ -255,7 +256,7 @@ def test_a_grown_dataset_keeps_the_weights_public_rows_public(files):
     assert len(old[300] - old[400]) > 20
 
 
-def test_a_smaller_public_fraction_leaves_the_weights_rows_out_and_whole_sets_are_refused(
+def test_a_smaller_public_fraction_leaves_the_weights_rows_out_and_so_do_whole_sets(
     files,
 ):
     images, labels = _train_set(files)
@@ -267,21 +268,30 @@ def test_a_smaller_public_fraction_leaves_the_weights_rows_out_and_whole_sets_ar
     mask = _check(files, images[private], labels[private])
     assert set(private[mask]) == now_private  # left out as public: exactly those rows
     assert not _check(files, images[private], labels[private], allow=True).any()
-    # Weights trained on a whole training set (not declared public) are refused.
+    # Weights trained on a whole training set (not declared public): under another dataset
+    # name their rows are left out silently too (issue 48: a refusal here said whether the
+    # private data held a copy, and how many); under this run's own name, the record alone
+    # refuses them, whatever the rows.
     record = {**read_weights(files["encoder"])[1], "public_fraction": 0.0}
     override = "learner.init_allow_same_dataset = true"
-    with pytest.raises(DPVisionError, match="not declared public") as error:
-        check_private_rows(
-            record,
-            "x",
-            private_rows=images[private],
-            private_labels=labels[private],
-            what="w",
-            override=override,
-        )
-    message = str(error.value)
+    mask = check_private_rows(
+        record, "x", private_rows=images[private], private_labels=labels[private], what="w"
+    )
+    assert set(private[mask]) == now_private
+    messages = set()
+    for rows in (private, private[:0], np.setdiff1d(private, list(now_private))):
+        with pytest.raises(DPVisionError, match="the dataset this run protects") as error:
+            check_private_rows(
+                record,
+                record["dataset"],
+                private_rows=images[rows],
+                private_labels=labels[rows],
+                what="w",
+                override=override,
+            )
+        messages.add(str(error.value))
+    (message,) = messages
     assert "\n" not in message
-    assert f"trained on {len(now_private)} of this run's {len(private)} private rows" in message
     assert override in message
 
 
@@ -533,3 +543,39 @@ def test_the_issue_contract_commands(tmp_path, capsys):
         assert result["epsilon"] <= 1
         assert result["init"]["trained_on"] == "fashion-mnist (training set)"
         assert result["privacy_ledger"][0]["count"] == 2
+
+
+def test_whole_set_weights_decide_no_membership_by_a_refusal(files, tmp_path):
+    """Issue 48, finding 1: weights pre-trained on a whole dataset A (not declared public),
+    then a private run on B with ``learner.init``: B alone ran and B plus one image of A was
+    refused ("trained on 1 of this run's 201 private rows"), so the adversary, who reads
+    A's row digests in the weight file, decided the membership of any A-row exactly (TPR 1
+    at FPR 0). Now both run, with the same lines: over 20 targets of A (members) and 20
+    images of neither (non-members), the adversary's refusal test has TPR = FPR = 0."""
+    from dpvision.testing import assert_same_outcome
+
+    whole = tmp_path / "whole.pt"
+    pretrain_supervised(_options(files["data"], public_fraction=0.0), whole, quiet=True)
+    a_images, a_labels = _train_set(files)
+    other = load_dataset(f"npz:{_write_npz(tmp_path / 'b.npz', seed=1)}", num_classes=3)
+    b_images, b_labels = other.train_images[:100], np.asarray(other.train_labels)[:100]
+    stranger = _write_npz(tmp_path / "c.npz", seed=2)
+    strangers = load_dataset(f"npz:{stranger}", num_classes=3)
+    path = tmp_path / "run.npz"
+
+    def run(data: tuple[np.ndarray, np.ndarray]) -> object:
+        np.savez(path, x_train=data[0], y_train=data[1], x_test=b_images, y_test=b_labels)
+        config = _config(files, f"learner.init={whole}", "learner.steps=1", public=0.0)
+        return run_training(dataclasses.replace(config, dataset=f"npz:{path}"), quiet=True)[
+            "n_train"
+        ]
+
+    def plus(image: np.ndarray, label: int) -> tuple[np.ndarray, np.ndarray]:
+        return np.concatenate([b_images, image[None]]), np.append(b_labels, label)
+
+    members = [plus(a_images[i], a_labels[i]) for i in range(20)]
+    outsiders = [plus(strangers.train_images[i], strangers.train_labels[i]) for i in range(20)]
+    outcome = assert_same_outcome(run, (b_images, b_labels), members + outsiders)
+    assert not outcome.refused
+    assert run(members[0]) == run((b_images, b_labels)) == 100  # the copy is left out
+    assert run(outsiders[0]) == 101

@@ -175,6 +175,7 @@ def validate(config: TrainConfig) -> TrainConfig:
         "noise_multiplier",
         "accountant",
         "random_state",
+        "sampling_state",  # the run's secret coins (DPSGDLinear), never the config's
         "device",  # the run's own device (top-level ``device``)
     }
     learner_name = (

@@ -135,6 +135,10 @@ class DPSGDLinear(DPLinearClassifier):
       min_clipbound, max_clipbound: the bounds on C.
       clipping_mode: deprecated, the former name of ``clipping`` (read, with a one-line
         warning, when given).
+      sampling_state: seeds the Poisson coins alone (``dpvision train`` gives the run's
+        secret coins, which do not depend on the rows, so that neighbouring runs see the
+        same batches of the rows they share, while their noise differs); ``None``: drawn
+        from ``random_state``'s generator, as the noise.
 
     Privacy:
       T releases of Σ_{i∈batch} clip(gᵢ, C) + N(0, (σC)² I), the batch Poisson-sampled at
@@ -177,6 +181,7 @@ class DPSGDLinear(DPLinearClassifier):
         min_clipbound: float = 1e-6,
         max_clipbound: float = 1e6,
         clipping_mode: str | None = None,
+        sampling_state: int | None = None,
     ) -> None:
         self.target_epsilon = target_epsilon
         self.target_delta = target_delta
@@ -193,6 +198,7 @@ class DPSGDLinear(DPLinearClassifier):
         self.fit_intercept = fit_intercept
         self.accountant = accountant
         self.random_state = random_state
+        self.sampling_state = sampling_state
         self.secure_mode = secure_mode
         self.num_classes = num_classes
         self.chunk_size = chunk_size
@@ -316,7 +322,7 @@ class DPSGDLinear(DPLinearClassifier):
             optimizer.register_step_pre_hook(head.drop_bias_update)
         ema = ParameterEMA(head, self.ema_decay) if self.ema_decay > 0 else None
         context = ReleaseContext(fit.ledger, fit.generator, fit.workers, ema)
-        sampler = self._sampler(n, q, steps, fit.generator)
+        sampler = self._sampler(n, q, steps, fit.generator, self.sampling_state)
         sq_norms = row_sq_norms(features, self.chunk_size)
         policy = self._policy(release.expected_batch_size)
         for batch in sampler:
@@ -353,11 +359,15 @@ class DPSGDLinear(DPLinearClassifier):
         return torch.optim.SGD(params, lr=self.learning_rate, momentum=momentum)
 
     @staticmethod
-    def _sampler(n: int, q: float, steps: int, generator: Any) -> PoissonSampler:
-        """Poisson batches from the fit's secret randomness (the CSPRNG in secure mode)."""
+    def _sampler(
+        n: int, q: float, steps: int, generator: Any, seed: int | None = None
+    ) -> PoissonSampler:
+        """Poisson batches from ``seed`` (secret coins), else from the fit's secret
+        randomness (the CSPRNG in secure mode)."""
         if isinstance(generator, SecureRandom):
             return PoissonSampler(num_examples=n, sample_rate=q, steps=steps, secure=True)
-        seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,), generator=generator))
         return PoissonSampler(num_examples=n, sample_rate=q, steps=steps, seed=seed)
 
     def _clipped_sum(

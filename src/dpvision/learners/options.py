@@ -90,6 +90,7 @@ PARAMETER_CONSTRAINTS: Mapping[type[DPLinearClassifier], Mapping[str, tuple[Allo
         # flat or adaptive: check_params, whose message names dp-sgd for per_layer
         "clipping": (),
         "clipping_mode": (),
+        "sampling_state": (),  # set by the run (secret coins), refused in [learner]
         "ema_decay": (_FRACTION,),
         "epochs": (_POSITIVE,),
         "expected_batch_size": (_POSITIVE,),

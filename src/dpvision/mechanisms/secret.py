@@ -19,15 +19,32 @@ Each use gets its own stream, named (``"noise"``, ``"sampler"``, ``"validation s
 never shifts another, and no stream reveals the secret or another stream. Only the source
 is ever published (the result's ``secret_randomness``).
 
+A replayable secret is derived the same way at every entry point (``dpvision.train``,
+``dpvision.tune``, ``PrivacyEngine``): from the secret seed and the run's *context* (the
+published config, or the engine's σ, C, q, N, optimizer settings and initial parameters),
+so two runs that differ in any setting share no stream. Every noise stream is keyed by the
+training rows too (:meth:`SecretRandomness.bind_rows`), so a rerun on data with one example
+added or removed never replays the noise of the first run. The *coins* — the split keys,
+the Poisson sampling's coins, ``tune``'s K and draws (:meth:`SecretRandomness.coin_key`) —
+stay independent of the data: a split moves no row but the one added, and two neighbouring
+runs see the same batches of the rows they share, which is what neighbouring-dataset tests
+compare; their noise is independent, so neither release cancels the other's.
+
 >>> a, b = SecretRandomness(secret_seed=7), SecretRandomness(secret_seed=7)
 >>> a.source, a.seed("noise") == b.seed("noise"), a.seed("noise") == a.seed("sampler")
 ('user-secret', True, False)
 >>> "7" in repr(a)
 False
+>>> split, noise = a.split_key(), a.seed("noise")
+>>> a.bind_rows(np.arange(4)) is a, a.split_key() == split, a.seed("noise") == noise
+(True, True, False)
 """
 
 import hashlib
+import json
 import os
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,13 +52,46 @@ import torch
 from dpvision.errors import DPVisionError
 from dpvision.mechanisms.secure import SecureRandom
 
-__all__ = ["SECRET_SOURCES", "SecretRandomness"]
+__all__ = ["SECRET_SOURCES", "SecretRandomness", "canonical_context", "rows_digest"]
 
 SECRET_SOURCES = ("os", "user-secret", "csprng")
 """What a result's ``secret_randomness`` may say: fresh OS entropy, a user's secret seed,
 or the secure mode's CSPRNG at every draw."""
 
 _SECRET_SEED_DOMAIN = b"dpvision secret_seed v1"
+_ROWS_DOMAIN = b"dpvision training rows v1"
+
+
+def canonical_context(context: Mapping[str, Any]) -> str:
+    """A run's context as the canonical text its secret streams are derived from: JSON
+    with sorted keys, anything else by ``str``.
+
+    >>> canonical_context({"b": 1, "a": (0.5, None)})
+    '{"a": [0.5, null], "b": 1}'
+    """
+    return json.dumps(context, sort_keys=True, default=str)
+
+
+def rows_digest(*arrays: object) -> bytes:
+    """A 32-byte digest of a run's training rows: the dtype, shape and bytes of each array
+    (images, labels; NumPy arrays or tensors), in order.
+
+    >>> same, longer = rows_digest(np.zeros(3)), rows_digest(np.zeros(4))
+    >>> rows_digest(np.zeros(3)) == same, same == longer
+    (True, False)
+
+    Privacy:
+      Secret: it only keys the streams of a :class:`SecretRandomness` (never written to any
+      output), so that a replayable run on other rows draws other noise.
+    """
+    hasher = hashlib.blake2b(_ROWS_DOMAIN, digest_size=32)
+    for array in arrays:
+        if isinstance(array, torch.Tensor):
+            array = array.detach().cpu().contiguous().numpy()
+        values = np.ascontiguousarray(np.asarray(array))
+        hasher.update(f"{values.dtype.str}{values.shape};".encode())
+        hasher.update(values.reshape(-1).view(np.uint8).data)
+    return hasher.digest()
 
 
 def check_secret_seed(secret_seed: object) -> int | None:
@@ -64,10 +114,11 @@ class SecretRandomness:
       secure: the secure mode: noise and Poisson sampling from the OS CSPRNG at every draw
         (:meth:`noise` returns a :class:`~dpvision.mechanisms.secure.SecureRandom`).
         A secure run cannot be replayed, so ``secret_seed`` is then refused.
-      context: what the run is (its published config, as canonical text): with a
-        ``secret_seed``, runs of different configs get independent streams, so two runs
-        that share a secret seed (a sweep over ε or public seeds) never share their noise;
-        the same config and secret seed replay the same run.
+      context: what the run is (its published config, or a :class:`PrivacyEngine` call's
+        settings, as canonical text: :func:`canonical_context`): with a ``secret_seed``,
+        runs of different contexts get independent streams, so two runs that share a
+        secret seed (a sweep over ε, σ, learning rates or public seeds) never share their
+        noise; the same context, rows and secret seed replay the same run.
 
     Privacy:
       Releases nothing: its ``repr`` and :attr:`source` never show the secret. Checkpoints
@@ -92,30 +143,88 @@ class SecretRandomness:
             digest.update(secret_seed.to_bytes(32, "little"))
             digest.update(context.encode())
             self._secret = digest.digest()
+        self._streams = self._secret  # the key of every stream but the split keys
+        self._rows: bytes | None = None
+        self._binds_rows = True
         self._split_key: bytes | None = None
 
     @classmethod
     def from_state(cls, state: dict[str, object]) -> "SecretRandomness":
-        """The secret of a checkpoint (:meth:`state`), to resume a run with the same streams."""
+        """The secret of a checkpoint (:meth:`state`), to resume a run with the same streams
+        (it is bound to the rows again as the run reads them: :meth:`bind_rows`)."""
         secret, source, split = state.get("secret"), state.get("source"), state.get("split_key")
         if not isinstance(secret, bytes) or len(secret) != 32 or source not in SECRET_SOURCES:
             raise DPVisionError("the checkpoint's secret randomness is malformed")
         out = cls.__new__(cls)
         out._secret, out.source, out.secure = secret, str(source), source == "csprng"
+        out._streams, out._rows = secret, None
+        # A checkpoint from before the rows keyed the streams resumes as it ran.
+        out._binds_rows = state.get("binds_rows") is True
         out._split_key = split if isinstance(split, bytes) else None
         return out
 
     def state(self) -> dict[str, object]:
         """What a checkpoint keeps to resume the same streams and the same validation split
         (private: never published)."""
-        return {"secret": self._secret, "source": self.source, "split_key": self.split_key()}
+        return {
+            "secret": self._secret,
+            "source": self.source,
+            "split_key": self.split_key(),
+            "binds_rows": self._binds_rows,
+        }
 
     def __repr__(self) -> str:
         return f"SecretRandomness(source={self.source!r})"
 
+    @property
+    def replayable(self) -> bool:
+        """Whether the streams are derived from a ``secret_seed`` (the same seed, context and
+        rows draw them again)."""
+        return self.source == "user-secret"
+
+    def bind_rows(self, *rows: object) -> "SecretRandomness":
+        """Keys every stream but the split keys by the run's training rows (the arrays of
+        :func:`rows_digest`, or a callable that returns them, given once the run has read
+        them and before it draws any noise), and returns ``self``.
+
+        A replayable run on data with one example added or removed then draws independent
+        noise, batches and coins: publishing both runs never gives back the difference of
+        their exact releases. The split keys (:meth:`split_key`) stay independent of the
+        rows, so that the splits stay neighbour-stable. Fresh OS bits need no binding (the
+        rows are then not even hashed); the first binding holds, so a run that reads its
+        rows twice keeps its streams.
+
+        Privacy:
+          Releases nothing; see the module docstring.
+        """
+        if self._rows is None and self._binds_rows and self.replayable:
+            if len(rows) == 1 and callable(rows[0]):
+                rows = tuple(rows[0]())
+            self._rows = rows_digest(*rows)
+            self._streams = hashlib.blake2b(
+                _ROWS_DOMAIN + self._rows, key=self._secret, digest_size=32
+            ).digest()
+        return self
+
     def key(self, name: str) -> bytes:
-        """32 secret bytes for the stream ``name`` (e.g. a keyed hash's key)."""
+        """32 secret bytes for the stream ``name`` (e.g. a keyed hash's key), keyed by the
+        rows once they are bound (:meth:`bind_rows`)."""
+        return hashlib.blake2b(name.encode(), key=self._streams, digest_size=32).digest()
+
+    def coin_key(self, name: str) -> bytes:
+        """32 secret bytes for the coins ``name``: what decides which rows a mechanism sees
+        (Poisson sampling, ``tune``'s K and draws), independent of the rows
+        (:meth:`bind_rows`), so that neighbouring runs draw the same coins for the rows
+        they share."""
         return hashlib.blake2b(name.encode(), key=self._secret, digest_size=32).digest()
+
+    def coin_seed(self, name: str) -> int:
+        """A secret 63-bit seed for the coins ``name`` (:meth:`coin_key`)."""
+        return int.from_bytes(self.coin_key(name)[:8], "little") % 2**63
+
+    def coins(self, name: str) -> np.random.Generator:
+        """A NumPy generator of the coins ``name`` (:meth:`coin_key`)."""
+        return np.random.default_rng(int.from_bytes(self.coin_key(name), "little"))
 
     def seed(self, name: str) -> int:
         """A secret 63-bit seed for the stream ``name`` (torch generators, learners'
@@ -138,13 +247,18 @@ class SecretRandomness:
 
     def child(self, name: str) -> "SecretRandomness":
         """The secret randomness of a sub-run (one of ``tune``'s runs): its own streams,
-        derived from this one under ``name``, and the same validation split."""
+        derived from this one's (rows included) under ``name``, and the same validation
+        split."""
         out = SecretRandomness.__new__(SecretRandomness)
         out._secret, out.source, out.secure = self.key(f"child {name}"), self.source, self.secure
+        out._streams, out._rows, out._binds_rows = out._secret, None, self._binds_rows
         out._split_key = self.split_key()
         return out
 
     def split_key(self) -> bytes:
         """The key of the validation split's keyed hash
-        (:func:`dpvision.data.splits.validation_split`); shared with every :meth:`child`."""
-        return self._split_key or self.key("validation split")
+        (:func:`dpvision.data.splits.validation_split`); shared with every :meth:`child`,
+        and independent of the rows (:meth:`bind_rows`)."""
+        if self._split_key is None:
+            self._split_key = self.coin_key("validation split")
+        return self._split_key

@@ -50,6 +50,7 @@ from dpvision.privacy_engine.data_loader import (
 from dpvision.privacy_engine.loss import OutputGate
 from dpvision.privacy_engine.module import PrivateModule
 from dpvision.privacy_engine.optimizer import DPOptimizer
+from dpvision.privacy_engine.secret_context import call_noise, call_secret
 
 LOSS_REDUCTIONS = ("mean", "sum")
 # Opacus' ways of computing per-sample gradients; dpvision's rules serve them all.
@@ -204,6 +205,9 @@ class PrivacyEngine:
           A forward pass that writes a buffer of ``module`` is refused
           (:class:`PrivateModule`).
         """
+        # With a secret_seed, the streams are keyed by everything this call is: its
+        # arguments, the optimizer, the initial parameters, the rows (secret_context).
+        arguments = dict(locals())
         _check_options(
             clipping=clipping,
             grad_sample_mode=grad_sample_mode,
@@ -236,14 +240,14 @@ class PrivacyEngine:
             max_clipbound=max_clipbound,
         )
         policy.noise_multiplier(noise_multiplier)  # a σ the policy cannot split: refused now
-        secret, call = self._prepare_secret(noise_generator, secret_seed)
+        secret, call = self._prepare_secret(noise_generator, secret_seed, arguments)
         views = max(augmult, 1)
         dp_optimizer = self._prepare_optimizer(
             optimizer,
             module,
             release,
             policy,
-            _noise_generator(noise_generator, secret, call, module),
+            call_noise(noise_generator, secret, call, module),
             ema_decay=ema_decay,
             views=views,
             loss_reduction=loss_reduction,
@@ -251,7 +255,7 @@ class PrivacyEngine:
         private_loader = self._prepare_loader(
             data_loader,
             dp_optimizer,
-            secret.key(f"sampler {call}"),
+            secret.coin_key(f"sampler {call}"),
             views=views,
             max_physical_batch_size=max_physical_batch_size,
             augment_seed=_augment_seed(seed) if augmult > 0 else None,
@@ -296,9 +300,14 @@ class PrivacyEngine:
         )
 
     def _prepare_secret(
-        self, noise_generator: torch.Generator | None, secret_seed: int | None
+        self,
+        noise_generator: torch.Generator | None,
+        secret_seed: int | None,
+        arguments: dict[str, Any],
     ) -> tuple[SecretRandomness, int]:
-        """This call's secret randomness and its number (each call draws its own streams).
+        """This call's secret randomness and its number (each call draws its own streams):
+        :func:`~dpvision.privacy_engine.secret_context.call_secret` of ``make_private``'s
+        ``arguments``.
 
         Raises:
           DPVisionError: a ``noise_generator`` or a ``secret_seed`` with ``secure_mode``.
@@ -314,9 +323,10 @@ class PrivacyEngine:
         if fixed and self._resumed:
             raise DPVisionError(REPLAY)
         # Secret: the noise and the sampling. Kept in no attribute; a stream per call.
-        secret = SecretRandomness(secret_seed, secure=self.secure_mode)
+        call = self._made
+        secret = call_secret(secret_seed, secure=self.secure_mode, arguments=arguments, call=call)
         self._replayable = self._replayable or fixed
-        call, self._made = self._made, self._made + 1
+        self._made += 1
         return secret, call
 
     def _prepare_loader(
@@ -654,17 +664,6 @@ def _check_module(module: nn.Module, optimizer: torch.optim.Optimizer) -> None:
             "the optimizer holds parameters that are not trainable parameters of the module; "
             "they would be updated without privacy"
         )
-
-
-def _noise_generator(
-    given: torch.Generator | None, secret: SecretRandomness, call: int, module: nn.Module
-) -> NoiseGenerator:
-    """The caller's generator as given, else a stream of the secret randomness on the
-    module's device."""
-    if given is not None:
-        return given
-    device = next(p.device for p in module.parameters() if p.requires_grad)
-    return secret.noise(f"noise {call}", device)
 
 
 def _augment_seed(seed: int | None) -> int:

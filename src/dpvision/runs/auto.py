@@ -151,6 +151,8 @@ def data_facts(config: TrainConfig, secret: SecretRandomness | None = None) -> D
         # the rows the run's weight files were trained on are left out as the run does
         also_public = run_weight_rows(config, dataset)
     secret = secret or config.secret_randomness()
+    # A replayable run on other rows draws other noise (tune's K and draws included).
+    secret.bind_rows(lambda: (rows, labels))
     split = training_rows(
         rows,
         labels,

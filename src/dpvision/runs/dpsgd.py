@@ -418,7 +418,7 @@ def _prepare_state(
             num_examples=num_train,
             sample_rate=sample_rate,
             steps=schedule.steps,
-            seed=secret.seed("sampler"),
+            seed=secret.coin_seed("sampler"),
             secure=options.secure_mode,
         ),
         # On the device and checkpointed; or the CSPRNG of the secure mode.

@@ -98,9 +98,12 @@ def run_features(
         quiet,
     )
     train_labels, held = np.asarray(dataset.train_labels), 0
+    identity = train if spec.name == "precomputed" else dataset.row_images
+    # A replayable run on other rows draws other noise; the split keys stay the same.
+    secret.bind_rows(lambda: (identity, train_labels))
     # Each example's side is its own keyed hash (images, or the precomputed feature rows).
     split = training_rows(
-        train if spec.name == "precomputed" else dataset.row_images,
+        identity,
         train_labels,
         public_fraction=config.public_fraction,
         validation_fraction=config.validation_fraction,
@@ -217,6 +220,7 @@ def fit_learner(
     """
     if secret is None:
         secret = config.secret_randomness()
+    secret.bind_rows(lambda: (train, train_labels))  # a no-op when the run bound its rows
     ledger = PrivacyLedger()
     train, test, fitted = preprocess(
         config.preprocessing,
@@ -229,7 +233,10 @@ def fit_learner(
     )
     released = ValidationRelease.plan(config, validations, ledger, secret, validation)
     target = config.epsilon
-    learner = LEARNERS[config.method](
+    kind = LEARNERS[config.method]
+    # Poisson coins that do not depend on the rows, as the DP-SGD engine's (secret.py).
+    coins = {"sampling_state": secret.coin_seed("sampler")}
+    learner = kind(
         target_epsilon=target,
         target_delta=config.delta,
         noise_multiplier=None if target is not None else config.noise_multiplier,
@@ -237,6 +244,7 @@ def fit_learner(
         random_state=secret.seed("learner"),
         num_classes=num_classes,
         device=str(config.placement.device),
+        **(coins if "sampling_state" in kind._get_param_names() else {}),
         **config.learner,
     )
     try:

@@ -77,6 +77,8 @@ class _Split:
         labels = np.asarray(dataset.train_labels)
         # copies of the weights' public rows are public too
         also_public = run_weight_rows(config, dataset)
+        # A replayable run on other rows draws other noise; the split keys stay the same.
+        secret.bind_rows(lambda: (dataset.row_images, labels))
         split = training_rows(
             dataset.row_images,
             labels,

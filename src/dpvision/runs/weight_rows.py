@@ -4,12 +4,11 @@ weights (``learner.init``, a ``backbone:``/``encoder:`` feature source) and the 
 of them, so that every candidate trains and validates on the same rows).
 
 Privacy: which rows are left out is decided for each row alone, by its digest against the
-digests a file records (:func:`dpvision.training.supervised.rows_trained_on`); a file trained
-on a whole training set that shares a row with the private data is refused in one line
-before anything is released. A search whose candidates left out different rows would train
-them on different data and score them on different validation sets, and an init candidate
-would fail (or not) according to whether the private data holds such a copy: the union
-closes both.
+digests a file records (:func:`dpvision.training.supervised.rows_trained_on`), silently:
+nothing is refused, warned or logged because of what the rows hold (a file is refused only
+by its record's dataset name, before any row is read). A search whose candidates left out
+different rows would train them on different data and score them on different validation
+sets: the union closes that.
 """
 
 from functools import reduce

@@ -10,8 +10,8 @@ private run later freezes it or replaces it (``learner.batchnorm``).
 The result is an encoder file (:mod:`dpvision.models.encoder`) that keeps the head, with a
 record of what it was trained on (``dataset``, ``public_fraction``, ``n_images``, and the
 rows themselves: :func:`public_rows_record`), read by ``learner.init`` and by
-``--features encoder:path=FILE``; :func:`check_private_rows` is how a private run refuses
-weights trained on any of its private rows. Checkpoints (atomic) hold the model, the
+``--features encoder:path=FILE``; :func:`check_private_rows` is how a private run leaves
+out, silently, its rows that the weights were trained on. Checkpoints (atomic) hold the model, the
 optimizer, the step and every random state: a resumed run ends with the same weights as an
 uninterrupted one.
 
@@ -21,7 +21,8 @@ only the public slice of the dataset's training set is read
 the slice does not move when rows are added or removed); the private run then leaves those
 rows out. Nothing is recorded in any privacy ledger: this run has no privacy cost only if
 its data are public, which the output file states — with the digests of the rows it read —
-so that a private run can refuse it when they include any of its private rows.
+so that a private run leaves copies of those rows out (and refuses, by name, a file trained
+on its own whole dataset).
 """
 
 import dataclasses
@@ -302,24 +303,26 @@ def check_private_rows(
     (:func:`public_rows_record`); the private rows are hashed the same way, whatever the
     dataset is called and however many rows it has (a digest reads its example alone).
 
-    * Weights from a *declared public slice* (``public_fraction`` > 0 in the record): a
-      private row with the digest of one of those rows is a copy of a public example, and
-      the run leaves it out as public (the mask). No error: a refusal would say whether the
-      private data holds such a copy, and leaving it out makes the dataset with the copy
-      and the dataset without it run alike.
-    * Weights trained on a whole training set (``public_fraction`` 0: not declared public):
-      one private row in common refuses them — that training's privacy cost would be
-      outside the run's ledger.
+    * A private row with the digest of one of the file's rows is a copy of an example the
+      weights were trained on, and the run leaves it out (the mask), silently: a refusal,
+      a warning or a count would say whether the private data holds such a copy, and
+      leaving it out makes the dataset with the copy and the dataset without it run alike.
+      For weights from a *declared public slice* (``public_fraction`` > 0 in the record)
+      the row is public; for weights trained on a whole training set (not declared
+      public), the file itself already holds it without protection, and this run adds
+      nothing to that.
+    * Weights trained on a whole training set that the record names as this run's dataset
+      (:func:`dpvision.models.weights.check_trained_on`) are refused by that name, from
+      the record and the config alone, before any row is read.
     * A file that records no rows under this version's split — an older one, another
-      tool's — is judged by the dataset it names
-      (:func:`dpvision.models.weights.check_trained_on`).
+      tool's — is judged by the dataset it names, the same way.
 
     ``allow`` (the user's explicit ``override``, when the caller offers one) lets any pass
     and leaves nothing out.
 
-    Privacy: the mask leaves out rows that are copies of declared-public examples; which
-    rows they are depends on each row alone. The refusal of whole-dataset weights is a
-    function of the private rows, given before anything is released.
+    Privacy: the mask leaves out rows that are copies of the file's rows; which rows they
+    are depends on each row alone, and nothing else depends on them: the refusals read the
+    record and the dataset's name, never a private row (issue 48).
 
     Raises:
       DPVisionError: one line saying why and how to proceed.
@@ -328,18 +331,12 @@ def check_private_rows(
     if allow:
         return none
     recorded = _recorded_digests(record, what)
-    if recorded is None:
+    if recorded is None or not record.get("public_fraction"):
+        # By the name the record gives, never by the rows (issue 48).
         check_trained_on(record, dataset, what=what, same=same_dataset, override=override)
+    if recorded is None:
         return none
-    common = np.isin(public_digests(private_rows, private_labels), recorded)
-    if record.get("public_fraction") or not common.any():
-        return common
-    raise DPVisionError(
-        f"{what} was trained on {int(common.sum())} of this run's {len(common)} private rows "
-        f"({record.get('trained_on') or record.get('dataset')}, not declared public), outside "
-        "this run's ledger: pre-train on other data or on a declared public slice "
-        "(--public-fraction)" + (f", or set {override}" if override else "")
-    )
+    return np.isin(public_digests(private_rows, private_labels), recorded)
 
 
 def rows_trained_on(

@@ -267,7 +267,8 @@ def test_every_candidate_leaves_out_the_rows_any_candidates_weights_saw(tmp_path
 
 def test_weights_trained_on_the_whole_dataset_are_refused_before_any_draw(tmp_path, capsys):
     """The refusal (whose cost would be outside the ledger) comes from the plan, before any
-    secret coin: the same one line whatever the draws, no file written."""
+    secret coin, and from the file's record (the dataset it names), never from the rows
+    (issue 48): the same one line whatever the draws, no file written."""
     data = _write_npz(tmp_path / "data.npz", shift=0)
     options = SupervisedOptions.from_dict(
         {"dataset": f"npz:{data}", "num_classes": 3, "model": "mlp-16", "steps": 5}
@@ -281,7 +282,7 @@ def test_weights_trained_on_the_whole_dataset_are_refused_before_any_draw(tmp_pa
         assert not out.exists()
         errors.add(capsys.readouterr().err.strip())
     assert len(errors) == 1
-    assert "not declared public" in errors.pop()
+    assert "the dataset this run protects" in errors.pop()
 
 
 def test_what_issue_40_changed_changes_the_noise_and_the_checkpoint_identity():

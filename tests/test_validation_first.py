@@ -28,6 +28,7 @@ _SET_BY_RUN = {
     "noise_multiplier",
     "accountant",
     "random_state",
+    "sampling_state",
     "device",
 }
 

@@ -71,7 +71,10 @@ def sweep(
 
     Privacy: each run is a separate private training of its own config (its own ledger);
     the runs are not composed with each other, so a sweep over ε on the same data spends
-    the sum of their budgets if all the models are released.
+    the sum of their budgets if all the models are released. ``--seeds`` varies the public
+    ``seed`` only: a single ``imagefolder:`` tree keeps one test split (keyed by
+    ``split_seed``), released exactly, across the runs, and configs that would split one
+    tree in two ways are refused before any run (:func:`_one_split_per_tree`).
     """
     from dpvision.config import resolve
     from dpvision.fileio import write_json_atomic
@@ -96,6 +99,7 @@ def sweep(
         for epsilon in epsilons
         for seed in seeds
     ]
+    _one_split_per_tree([config for _, _, _, config in planned])
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     ran, seconds = 0, 0.0  # runs trained here and their time, for the time left
@@ -123,6 +127,28 @@ def sweep(
     return written
 
 
+def _one_split_per_tree(configs: Sequence["TrainConfig"]) -> None:
+    """Refuses, by the configs alone, a sweep whose configs split one ``imagefolder:``
+    tree in two ways (``split_seed``, ``test_fraction``): an image would be released exactly
+    as test data by one run and be private training data of another."""
+    from dpvision.data.datasets import same_dataset
+
+    seen: list[tuple[str, tuple[int, float]]] = []
+    for config in configs:
+        if not config.dataset.strip().lower().startswith("imagefolder:"):
+            continue
+        split = (config.split_seed, config.test_fraction)
+        for dataset, other in seen:
+            if same_dataset(dataset, config.dataset) and other != split:
+                raise DPVisionError(
+                    f"the sweep's configs split {config.dataset} in two ways (split_seed, "
+                    f"test_fraction = {other[0]}, {other[1]:g} and {split[0]}, {split[1]:g}): "
+                    "an image would be test data, released exactly, in one run and private "
+                    "training data in another; give them one split_seed and test_fraction"
+                )
+        seen.append((config.dataset, split))
+
+
 def _stale(path: Path, config: "TrainConfig") -> str | None:
     """None when ``path`` holds a result of exactly ``config`` (where the data files are
     aside); else what differs ("" when there is no readable result).
@@ -147,7 +173,11 @@ def _stale(path: Path, config: "TrainConfig") -> str | None:
     except (DPVisionError, TypeError, ValueError):  # a garbled recipe entry: not this config's
         resolved = config
     ours = json.loads(json.dumps(resolved.to_dict()))  # inf, tuples: as they read back from JSON
-    differ = [k for k in differing_keys(ours, kept["config"]) if k != "data_dir"]
+    theirs = dict(kept["config"])
+    if "split_seed" not in theirs:  # from before split_seed: a tree was split by its seed
+        tree = str(theirs.get("dataset", "")).strip().lower().startswith("imagefolder:")
+        theirs["split_seed"] = theirs.get("seed") if tree else ours.get("split_seed")
+    differ = [k for k in differing_keys(ours, theirs) if k != "data_dir"]
     return ", ".join(differ) if differ else None
 
 

@@ -103,8 +103,10 @@ def test_an_image_already_at_the_size_is_unchanged():
 def test_a_mixed_size_tree_without_train_and_test_loads_at_the_image_size(tmp_path):
     root = _tree(tmp_path / "shapes")
     name = f"imagefolder:{root}"
-    with pytest.raises(DPVisionError, match=r"image is \d+x\d+ but .* --set image_size=64"):
-        load_dataset(name)  # without a size, mixed sizes are still refused (one line)
+    with pytest.raises(DPVisionError, match=r"not all of one size.*--set image_size=64") as error:
+        load_dataset(name)  # the API without a size: mixed sizes refused, no file named
+    assert ".png" not in str(error.value)
+    assert ".jpg" not in str(error.value)
     dataset = load_dataset(name, geometry=ImageGeometry((64, 64)))
     assert dataset.class_names == ("circle", "square")
     assert dataset.image_shape == (64, 64, 3)
@@ -118,16 +120,16 @@ def test_adding_one_image_anywhere_moves_no_other_image(tmp_path):
     root = _tree(tmp_path / "shapes", per_class=20)
     geometry = ImageGeometry((16, 16))
     name = f"imagefolder:{root}"
-    before = load_dataset(name, geometry=geometry, seed=3)
+    before = load_dataset(name, geometry=geometry, split_seed=3)
     for kind, stem in (("circle", "000a"), ("square", "zzz"), ("circle", "010b")):
         rng = np.random.default_rng(len(stem))
         _shape_image(rng, kind, (33, 47)).save(root / kind / f"{stem}.png")
-        after = load_dataset(name, geometry=geometry, seed=3)
+        after = load_dataset(name, geometry=geometry, split_seed=3)
         assert after.num_train + after.num_test == before.num_train + before.num_test + 1
         assert _rows(before.train_images) <= _rows(after.train_images)
         assert _rows(before.test_images) <= _rows(after.test_images)
         before = after
-    other_seed = load_dataset(name, geometry=geometry, seed=4)
+    other_seed = load_dataset(name, geometry=geometry, split_seed=4)
     assert _rows(other_seed.test_images) != _rows(before.test_images)  # seeded
 
 
@@ -137,20 +139,20 @@ def test_the_split_reads_each_file_alone(tmp_path):
         paths.append(tmp_path / f"{i}.bin")
         paths[-1].write_bytes(i.to_bytes(2, "little"))
     names = ["a"] * len(paths)
-    train, test = tree_split(paths, names, 0.2, seed=0)
+    train, test = tree_split(paths, names, 0.2, split_seed=0)
     held = {paths[i] for i in test}
     assert 20 < len(held) < 60  # about 0.2 · 200
     # the files in another order, with one more in the middle: the same files are held out
     extra = tmp_path / "extra.bin"
     extra.write_bytes(b"new")
     shuffled = [*paths[::-1][:100], extra, *paths[::-1][100:]]
-    _, test2 = tree_split(shuffled, [*names, "a"], 0.2, seed=0)
+    _, test2 = tree_split(shuffled, [*names, "a"], 0.2, split_seed=0)
     assert {shuffled[i] for i in test2} - {extra} == held
     # exact copies of a file (of the same class) land on its side
     copies = [tmp_path / "copy_test.bin", tmp_path / "copy_train.bin"]
     copies[0].write_bytes(paths[test[0]].read_bytes())
     copies[1].write_bytes(paths[train[0]].read_bytes())
-    _, test3 = tree_split([*paths, *copies], [*names, "a", "a"], 0.2, seed=0)
+    _, test3 = tree_split([*paths, *copies], [*names, "a", "a"], 0.2, split_seed=0)
     assert len(paths) in test3
     assert len(paths) + 1 not in test3
 
@@ -164,6 +166,10 @@ def test_test_fraction_is_for_a_single_tree_only(tmp_path):
         load_dataset(f"imagefolder:{root}", test_fraction=0.3)
     with pytest.raises(DPVisionError, match="test_fraction splits a single imagefolder"):
         load_dataset("digits", test_fraction=0.3)
+    with pytest.raises(DPVisionError, match=r"split_seed splits a single .* leave split_seed"):
+        load_dataset(f"imagefolder:{root}", split_seed=1)
+    with pytest.raises(DPVisionError, match="split_seed splits a single imagefolder"):
+        load_dataset("digits", split_seed=1)
 
 
 def test_built_in_array_datasets_are_resized_too():
@@ -270,7 +276,7 @@ def test_new_options_at_their_defaults_leave_the_secret_context_as_it_was():
         k: v
         for k, v in config.to_dict().items()
         if k not in ("data_dir", "device", "image_size", "crop_mode", "crop_pct", "interpolation")
-        and k not in ("test_fraction", "leave_out_rows_of")
+        and k not in ("test_fraction", "leave_out_rows_of", "split_seed")
     }
     before["learner"] = names_before_rename(before["learner"])
     old = SecretRandomness(7, context=json.dumps(before, sort_keys=True, default=str))
@@ -286,7 +292,7 @@ def test_checkpoints_written_before_the_geometry_options_still_resume():
     from dpvision.runs.schedule import run_settings
 
     learner = {"model": "mlp-8", "steps": 2, "batch_size": 64}
-    added = ("image_size", "crop_mode", "crop_pct", "interpolation", "test_fraction")
+    added = ("image_size", "crop_mode", "crop_pct", "interpolation", "test_fraction", "split_seed")
     default = run_settings(TrainConfig(method="dp-sgd", learner=learner))
     assert not [key for key in added if key in default]
     resized = run_settings(TrainConfig(method="dp-sgd", learner=learner, image_size=16))

@@ -319,3 +319,72 @@ def test_empty_test_split_is_cached(monkeypatch):
     _, test = load_or_extract(dataset, PIXELS, progress=False)
     assert counter.calls == 0
     assert test.shape == (0, 784)
+
+
+# --- issue 48, finding 5: the log names the folder, never the entry --------------------------
+
+
+def _private_names(dataset, spec=PIXELS) -> list[str]:
+    """What an adversary who knows the dataset but the target computes for D and D + x:
+    the cache entry's digest (as the stem holds it), the key's digest and the fingerprint."""
+    import hashlib
+
+    key = cache_module.cache_key(dataset, spec)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+    return [digest[:24], digest, cache_module.dataset_fingerprint(dataset)]
+
+
+@pytest.mark.parametrize(
+    "how",
+    [
+        "truncated train",
+        "truncated header",
+        "empty test",
+        "missing test",
+        "wrong shape",
+        "wrong dtype",
+        "garbled json",
+        "json shape mismatch",
+        "json of another entry",
+        "json missing fields",
+    ],
+)
+def test_a_corrupt_entry_logs_its_folder_and_no_digest_of_the_data(caplog, isolated_cache, how):
+    """Before the fix the warning named ``<folder>/<dataset>-pixels-<digest>``: the adversary
+    computed the digest for D and for D + x and matched the published log."""
+    dataset = make_dataset()
+    neighbour = dataclasses.replace(
+        dataset,
+        train_images=np.concatenate([dataset.train_images, dataset.test_images[:1]]),
+        train_labels=np.concatenate([dataset.train_labels, dataset.test_labels[:1]]),
+    )
+    load_or_extract(dataset, PIXELS, progress=False)
+    stem = next(isolated_cache.glob("*.json")).name.removesuffix(".json")
+    _corrupt(isolated_cache, how)
+    with caplog.at_level(logging.DEBUG, logger="dpvision"):
+        load_or_extract(dataset, PIXELS, progress=False)
+    log = caplog.text
+    assert "corrupt" in log
+    assert str(isolated_cache) in log  # the folder, for the one who keeps the cache
+    assert stem not in log
+    for name in (*_private_names(dataset), *_private_names(neighbour)):
+        assert name not in log
+    assert ".npy" not in log
+    assert ".json" not in log
+
+
+def test_a_refused_cache_write_logs_no_file_name(monkeypatch, caplog, isolated_cache):
+    def refuse(path, shape):
+        raise cache_module._CacheWriteError(str(path)) from OSError(
+            28, "No space left on device", str(path)
+        )
+
+    monkeypatch.setattr(cache_module, "_create_memmap", refuse)
+    dataset = make_dataset()
+    with caplog.at_level(logging.DEBUG, logger="dpvision"):
+        load_or_extract(dataset, PIXELS, progress=False)
+    assert "No space left on device" in caplog.text
+    assert str(isolated_cache) in caplog.text
+    for name in _private_names(dataset):
+        assert name not in caplog.text
+    assert ".npy" not in caplog.text

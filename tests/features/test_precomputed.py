@@ -125,14 +125,13 @@ def test_training_reads_the_files_and_matches_the_learner_on_the_same_arrays(tmp
     assert result["num_features"] == 12
     assert result["epsilon"] <= 1.0
     # The same learner on the same arrays, with the noise stream the pipeline gives it
-    # (the run's secret randomness, replayed from its secret seed), gives the same model.
-    direct = DPLeastSquares(
-        target_epsilon=1.0,
-        clip_norm=5.0,
-        random_state=config.secret_randomness().seed("learner"),
-        num_classes=10,
-    )
+    # (the run's secret randomness, replayed from its secret seed and keyed by the rows),
+    # gives the same model.
     x, y = np.load(folder / "x_train.npy"), np.load(folder / "y_train.npy")
+    secret = config.secret_randomness().bind_rows(x, y.astype(np.int64))
+    direct = DPLeastSquares(
+        target_epsilon=1.0, clip_norm=5.0, random_state=secret.seed("learner"), num_classes=10
+    )
     direct.fit(x, y)
     accuracy = direct.score(np.load(folder / "x_test.npy"), np.load(folder / "y_test.npy"))
     assert result["test_accuracy"] == pytest.approx(accuracy)

@@ -1,4 +1,9 @@
-"""``dpvision cache list | clear``: the feature cache and the downloaded datasets."""
+"""``dpvision cache list | clear``: the feature cache and the downloaded datasets.
+
+Privacy: a local command on the private cache: ``list`` names each entry by its file stem,
+which holds a digest of a fingerprint of the dataset's images (as private as the cached
+features; never in a run's published log). It releases nothing.
+"""
 
 # local imports: start-up time (heavy modules are imported in the functions using them)
 import argparse
@@ -18,7 +23,8 @@ def add_parser(commands: Any) -> None:
         "holds extracted features, one entry per dataset and feature spec; the download "
         "cache (~/.cache/dpvision/NAME) holds datasets dpvision downloaded. Both are made "
         "again when needed. Entries hold features of private data: the files are readable "
-        "by their owner only.",
+        "by their owner only. Entry names hold a digest of the dataset's images: this "
+        "command's output is as private as the cache (a run's log names the folder only).",
     )
     actions = cache.add_subparsers(
         dest="action", required=True, parser_class=Parser, metavar="ACTION"

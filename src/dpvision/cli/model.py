@@ -96,9 +96,15 @@ def run_predict(args: argparse.Namespace) -> None:
 
 
 def run_evaluate(args: argparse.Namespace) -> None:
+    """``dpvision evaluate``: the model's accuracy on the dataset's test split.
+
+    Privacy: reads the test split only (a single tree's by the model's ``split_seed``, or
+    for a model from before it, its ``seed``: the split its run used), evaluation data
+    released exactly as the run's ``n_test`` and test accuracy; never the training split.
+    """
     from dpvision.data.datasets import load_dataset
     from dpvision.data.resize import ImageGeometry
-    from dpvision.data.splits import TEST_FRACTION
+    from dpvision.data.splits import SPLIT_SEED, TEST_FRACTION
     from dpvision.features.precomputed import load_feature_files
     from dpvision.features.spec import parse_feature_spec
     from dpvision.fileio import write_json_atomic
@@ -113,15 +119,24 @@ def run_evaluate(args: argparse.Namespace) -> None:
         features = load_feature_files(path, name, config.get("num_classes"))
         inputs, labels = np.asarray(features.test), np.asarray(features.test_labels)
     else:
+        tree = name.strip().lower().startswith("imagefolder:")
+        geometry = ImageGeometry.from_config(config)
+        if geometry is None and tree:  # a model from before image_size was required for
+            # image folders: its own input size (public: the model file holds it)
+            height, width = model.image_shape[:2]
+            geometry = ImageGeometry((int(height), int(width)))
         dataset = load_dataset(
             name,
             args.data_dir if args.data_dir is not None else config.get("data_dir"),
             num_classes=config.get("num_classes"),
             channels=config.get("image_channels"),
-            geometry=ImageGeometry.from_config(config),
-            seed=int(config.get("seed", 0)),
+            geometry=geometry,
+            # A model from before split_seed: its tree was split by its seed.
+            split_seed=int(config.get("split_seed", config.get("seed", SPLIT_SEED)))
+            if tree
+            else SPLIT_SEED,
             test_fraction=float(config.get("test_fraction", TEST_FRACTION))
-            if name.strip().lower().startswith("imagefolder:")
+            if tree
             else TEST_FRACTION,
         )
         inputs, labels = dataset.test_images, dataset.test_labels

@@ -12,7 +12,7 @@ from typing import Any
 from dpvision.data.core import ImageDataset
 from dpvision.data.datasets import load_dataset
 from dpvision.data.resize import CROP_MODES, DEFAULTS, INTERPOLATIONS, ImageGeometry
-from dpvision.data.splits import TEST_FRACTION
+from dpvision.data.splits import SPLIT_SEED, TEST_FRACTION
 from dpvision.devices import Placement, placement
 from dpvision.features.preprocessing import PreprocessingConfig
 from dpvision.learners import LEARNERS
@@ -29,7 +29,12 @@ METHODS = (AUTO, *LEARNERS, *DEEP_METHODS)
 """``auto``, the feature learners (:data:`dpvision.learners.LEARNERS`), the deep methods."""
 
 
-ADDED_DEFAULTS = {**DEFAULTS, "test_fraction": TEST_FRACTION, "leave_out_rows_of": []}
+ADDED_DEFAULTS = {
+    **DEFAULTS,
+    "test_fraction": TEST_FRACTION,
+    "leave_out_rows_of": [],
+    "split_seed": SPLIT_SEED,
+}
 """Options added after runs were published: at their defaults they stay out of the secret
 randomness's context, so a ``secret_seed`` replays those runs' noise exactly."""
 
@@ -47,9 +52,10 @@ class TrainConfig:
       image_channels: ``imagefolder:`` datasets: 3 (RGB, the default) or 1 (grayscale).
       image_size: the size every image is brought to as it is loaded, in training,
         ``predict``, ``evaluate`` and the feature cache's key (:mod:`dpvision.data.resize`):
-        a whole number (square) or ``[H, W]``; ``None`` (the default): the images' own size,
-        which must then be the same for all. For ``learner.model = "timm:NAME"`` of a model
-        with a fixed input size (ViTs), ``None`` becomes timm's ``pretrained_cfg``
+        a whole number (square) or ``[H, W]``; ``None`` (the default): the images' own size
+        (array datasets); required for ``imagefolder:`` (the images' own sizes are private
+        rows: the input size is never read off them). For ``learner.model = "timm:NAME"``
+        of a model with a fixed input size (ViTs), ``None`` becomes timm's ``pretrained_cfg``
         (``input_size``, ``crop_pct``, ``crop_mode``, ``interpolation``), or
         ``learner.model_args.img_size`` when given; the resolved config records it.
       crop_mode: ``center`` (the default), ``squash`` or ``border``, timm's ``crop_mode``.
@@ -58,8 +64,13 @@ class TrainConfig:
       interpolation: ``bilinear`` (the default), ``bicubic``, ``nearest`` or ``lanczos``.
       test_fraction: ``imagefolder:ROOT`` whose classes are directly under ``ROOT`` (no
         ``train/`` and ``test/``): each image's chance of landing in the test split (0.2, the
-        default), from its own bytes and the public ``seed``
+        default), from its own bytes and ``split_seed``
         (:func:`dpvision.data.splits.tree_split`).
+      split_seed: the same tree: the public key of its test split (0, the default), apart
+        from ``seed``, so that runs over several seeds (``dpvision sweep --seeds``) share one
+        test side; the test images are released exactly (``n_test``, the test accuracy), so
+        every run published on the tree should keep the same ``split_seed`` and
+        ``test_fraction``.
       method: ``dp-ls``, ``dp-newton``, ``dp-fc``, ``dp-sgd-linear`` (on features),
         ``dp-sgd`` (deep models, see :class:`dpvision.training.options.DPSGDOptions`),
         ``dp-randp`` (DP-SGD in Phases II and III from a Phase I encoder) or ``auto`` (the
@@ -122,6 +133,7 @@ class TrainConfig:
     crop_pct: float = option(DEFAULTS["crop_pct"], Interval(0, 1, closed="right"))
     interpolation: str = option(DEFAULTS["interpolation"], Choice(INTERPOLATIONS))
     test_fraction: float = option(TEST_FRACTION, Interval(0, 1))
+    split_seed: int = option(SPLIT_SEED, Interval(0, 2**63, closed="left", kind="a whole number"))
     method: str = option(AUTO, Choice(METHODS))
     features: str = "auto"
     epsilon: float | None = option(3.0, Interval(0, None, note="or inf for no noise"))
@@ -198,7 +210,7 @@ class TrainConfig:
             num_classes=self.num_classes,
             channels=self.image_channels,
             geometry=self.geometry,
-            seed=self.seed,
+            split_seed=self.split_seed,
             test_fraction=self.test_fraction,
         )
 

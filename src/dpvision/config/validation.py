@@ -12,6 +12,7 @@ from dpvision.accounting import parse_accountant
 from dpvision.config.schema import DEEP_METHODS, TrainConfig
 from dpvision.data.datasets import (
     PATH_PREFIXES,
+    check_image_size,
     check_public_shape,
     check_test_fraction,
     dataset_info,
@@ -59,7 +60,7 @@ def _resolve_geometry(config: TrainConfig) -> TrainConfig:
     model with a fixed input size, or ``learner.model_args.img_size``), each crop option the
     config left at its default taken from it; resolved here so that the result and the model
     file record the geometry the run used."""
-    check_test_fraction(config.dataset, config.test_fraction)
+    check_test_fraction(config.dataset, config.test_fraction, config.split_seed)
     model = config.learner.get("model") if config.method in DEEP_METHODS else None
     if config.image_size is None and isinstance(model, str) and model.startswith("timm:"):
         # local import: optional dependency (timm, read only for a timm model)
@@ -77,6 +78,8 @@ def _resolve_geometry(config: TrainConfig) -> TrainConfig:
         raise DPVisionError(
             "image_size resizes images; precomputed features have none: leave image_size unset"
         )
+    if not config.features.strip().startswith("precomputed"):
+        check_image_size(config.dataset, config.image_size)  # by the config, before any row
     config.geometry  # noqa: B018 (a bad size, or crop options without one, are refused here)
     return config
 

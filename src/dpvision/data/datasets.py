@@ -12,8 +12,8 @@ Names:
 * ``npy:DIR``: the same four arrays as ``.npy`` files in a folder; the uint8 images are
   memory-mapped, not loaded, for image sets larger than memory.
 * ``imagefolder:PATH``: ``PATH/train/<class>/*.png`` and ``PATH/test/<class>/*``, or a single
-  ``PATH/<class>/*.png`` tree split by ``test_fraction`` (:mod:`dpvision.data.imagefolder`);
-  needs Pillow.
+  ``PATH/<class>/*.png`` tree split by ``test_fraction`` and ``split_seed``
+  (:mod:`dpvision.data.imagefolder`); needs Pillow.
 
 Any of them may be brought to one image size as it is loaded (``geometry``,
 :mod:`dpvision.data.resize`): image folders as each file is decoded, the others image by image
@@ -40,7 +40,7 @@ import numpy as np
 from dpvision.data import cifar, digits, idx, imagefolder, npzfiles, sources
 from dpvision.data.core import ImageDataset
 from dpvision.data.resize import ImageGeometry
-from dpvision.data.splits import TEST_FRACTION
+from dpvision.data.splits import SPLIT_SEED, TEST_FRACTION
 from dpvision.errors import DPVisionError
 
 __all__ = [
@@ -278,7 +278,7 @@ def load_dataset(
     num_classes: int | None = None,
     channels: int | None = None,
     geometry: ImageGeometry | None = None,
-    seed: int = 0,
+    split_seed: int = SPLIT_SEED,
     test_fraction: float = TEST_FRACTION,
 ) -> ImageDataset:
     """Loads a dataset by name (see the module docstring for the names).
@@ -301,10 +301,12 @@ def load_dataset(
             (grayscale), never decided by what the private images happen to be.
         geometry: The size every image is brought to (:mod:`dpvision.data.resize`);
             ``None``: the images' own size.
-        seed: ``imagefolder:`` with a single ``PATH/<class>/`` tree: the run's public seed,
-            which keys its train/test split (:func:`dpvision.data.splits.tree_split`).
+        split_seed: ``imagefolder:`` with a single ``PATH/<class>/`` tree: the public key
+            of its train/test split (:func:`dpvision.data.splits.tree_split`; a config's
+            ``split_seed``, never its ``seed``); refused (one line), unless 0, for every
+            other dataset.
         test_fraction: The same: each image's chance of landing in the test split; refused
-            (one line) for every other dataset.
+            (one line), unless the default, for every other dataset.
 
     Returns:
         The dataset, images ``uint8`` ``(N, H, W, C)``, labels ``int64``.
@@ -315,7 +317,7 @@ def load_dataset(
     text = name.strip()
     lowered = text.lower()
     check_public_shape(text, num_classes, channels)
-    check_test_fraction(text, test_fraction)
+    check_test_fraction(text, test_fraction, split_seed)
     for prefix, load in PATH_LOADERS.items():
         if lowered.startswith(prefix):
             raw_path = text[len(prefix) :].strip()
@@ -329,7 +331,7 @@ def load_dataset(
                     num_classes,
                     channels,
                     geometry=geometry,
-                    seed=seed,
+                    split_seed=split_seed,
                     test_fraction=test_fraction,
                 )
             return resized(load(text, path, num_classes, channels), geometry)
@@ -355,13 +357,36 @@ def resized(dataset: ImageDataset, geometry: ImageGeometry | None) -> ImageDatas
     )
 
 
-def check_test_fraction(name: str, test_fraction: float) -> None:
-    """Refuses a ``test_fraction`` other than the default for a dataset it cannot split (all
-    but ``imagefolder:``, whose single tree it splits)."""
-    if test_fraction != TEST_FRACTION and not name.strip().lower().startswith("imagefolder:"):
+def check_test_fraction(name: str, test_fraction: float, split_seed: int = SPLIT_SEED) -> None:
+    """Refuses a ``test_fraction`` or ``split_seed`` other than the default for a dataset
+    they cannot split (all but ``imagefolder:``, whose single tree they split)."""
+    if name.strip().lower().startswith("imagefolder:"):
+        return
+    for option, value, default in (
+        ("test_fraction", test_fraction, TEST_FRACTION),
+        ("split_seed", split_seed, SPLIT_SEED),
+    ):
+        if value != default:
+            raise DPVisionError(
+                f"{option} splits a single imagefolder: tree; {name} has its own test split: "
+                f"leave {option} unset"
+            )
+
+
+def check_image_size(name: str, image_size: object) -> None:
+    """Refuses, before any file is read, an ``imagefolder:`` run without ``image_size``.
+
+    Privacy: the images' own sizes are private rows; the model's input size must not be
+    read off them, nor may a run refuse because one image has another size (D and D plus an
+    odd-sized image would then differ: one runs, one refuses). The size is the config's,
+    every image is brought to it as it is decoded, and this refusal is decided by the
+    config alone.
+    """
+    if image_size is None and name.strip().lower().startswith("imagefolder:"):
         raise DPVisionError(
-            f"test_fraction splits a single imagefolder: tree; {name} has its own test split: "
-            "leave test_fraction unset"
+            f"{name} needs image_size (e.g. --set image_size=64): every image is brought to it "
+            "as it is decoded, so that the model's input size is the config's, never read off "
+            "the private images"
         )
 
 
@@ -420,7 +445,7 @@ def _load_image_folder(
     channels: int | None,
     *,
     geometry: ImageGeometry | None = None,
-    seed: int = 0,
+    split_seed: int = SPLIT_SEED,
     test_fraction: float = TEST_FRACTION,
 ) -> ImageDataset:
     """Loads ``imagefolder:PATH``; the classes are the public folder names.
@@ -428,7 +453,11 @@ def _load_image_folder(
     Privacy: reads the private images into memory and releases nothing.
     """
     x_train, y_train, x_test, y_test, classes = imagefolder.load_image_folder(
-        path, channels=channels or 3, geometry=geometry, seed=seed, test_fraction=test_fraction
+        path,
+        channels=channels or 3,
+        geometry=geometry,
+        split_seed=split_seed,
+        test_fraction=test_fraction,
     )
     if num_classes is not None and num_classes != len(classes):
         raise DPVisionError(

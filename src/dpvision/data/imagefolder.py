@@ -5,11 +5,13 @@ Classes are the sub-folders of ``ROOT/train`` (of ``ROOT`` for a single tree), s
 alphabetically; class ``i`` is the ``i``-th name. ``ROOT/test`` may contain a subset of those
 classes. A single tree (no ``train/`` and no ``test/`` folder) is split by
 :func:`dpvision.data.splits.tree_split`: each image's side depends on that file alone and the
-run's public seed, about ``test_fraction`` of them in the test split. Files ending in ``.png``,
-``.jpg`` or ``.jpeg`` (any case) are read with Pillow; other files (``.DS_Store``, notes) are
-ignored. Images of any size are brought to one size as they are decoded when the run gives an
-:class:`~dpvision.data.resize.ImageGeometry` (``image_size``); without one, all images must
-have the same width and height. Every image is converted to RGB (three channels,
+config's public ``split_seed`` (never the run's ``seed``), about ``test_fraction`` of them in
+the test split. Files ending in ``.png``, ``.jpg`` or ``.jpeg`` (any case) are read with
+Pillow; other files (``.DS_Store``, notes) are ignored. Images of any size are brought to one
+size as they are decoded when the caller gives an :class:`~dpvision.data.resize.ImageGeometry`
+(``image_size``, which a run's config requires for an image folder: the model's input size is
+never read off the private images); without one (the Python API, pre-training), all images
+must have the same width and height. Every image is converted to RGB (three channels,
 an alpha channel dropped), or to grayscale with ``channels=1``: the caller decides, because
 the input shape of the model must not depend on what the private images happen to be.
 
@@ -32,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from dpvision.data.resize import ImageGeometry
-from dpvision.data.splits import TEST_FRACTION, tree_split
+from dpvision.data.splits import SPLIT_SEED, TEST_FRACTION, tree_split
 from dpvision.errors import DPVisionError
 
 __all__ = [
@@ -61,7 +63,7 @@ def load_image_folder(
     channels: int = 3,
     *,
     geometry: ImageGeometry | None = None,
-    seed: int = 0,
+    split_seed: int = SPLIT_SEED,
     test_fraction: float = TEST_FRACTION,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]]:
     """Reads ``root/train`` and ``root/test``, or a single ``root/<class>/`` tree split by
@@ -72,7 +74,8 @@ def load_image_folder(
         channels: 3 (RGB) or 1 (grayscale): what every image is converted to.
         geometry: The size every image is brought to as it is decoded
             (:mod:`dpvision.data.resize`); ``None``: the images' own size, the same for all.
-        seed: A single tree only: the run's public seed, which keys the split's coins.
+        split_seed: A single tree only: the public key of the split's coins (the config's
+            ``split_seed``, never the run's ``seed``).
         test_fraction: A single tree only: each image's chance of landing in the test split.
 
     Returns:
@@ -85,8 +88,12 @@ def load_image_folder(
             same size.
 
     Privacy: reads the private images; releases nothing. A single tree's split depends on
-    each file alone (its class and bytes) and the public seed: adding or removing one image
-    moves no other image between the splits.
+    each file alone (its class and bytes) and the public ``split_seed``: adding or removing
+    one image moves no other image between the splits. Without ``geometry`` the images'
+    own size becomes the shape (public by convention) and a tree of mixed sizes is refused,
+    which depends on the rows: a run's config therefore requires ``image_size`` for an image
+    folder (:func:`dpvision.data.datasets.check_image_size`); the message names no file and
+    no size.
     """
     try:
         from PIL import Image
@@ -97,19 +104,18 @@ def load_image_folder(
     if channels not in (1, 3):
         raise DPVisionError(f"channels must be 1 (grayscale) or 3 (RGB), got {channels!r}")
 
-    files, classes = _layout(root, seed, test_fraction)
+    files, classes = _layout(root, split_seed, test_fraction)
     all_files = [path for split in files.values() for path, _ in split]
     grayscale = channels == 1
-    reference: tuple[Path, tuple[int, int]] | None = None
+    reference: tuple[int, int] | None = None
     for path in all_files if geometry is None else ():
         with _open(Image, path) as image:
             if reference is None:
-                reference = (path, image.size)
-            elif image.size != reference[1]:
-                (ref_path, (ref_w, ref_h)), (w, h) = reference, image.size
+                reference = image.size
+            elif image.size != reference:
                 raise DPVisionError(
-                    f"{path}: image is {w}x{h} but {ref_path} is {ref_w}x{ref_h}; give the size "
-                    "to resize them to (e.g. --set image_size=64), or resize them yourself"
+                    f"{root}: the images are not all of one size; give the size to bring them "
+                    "to (e.g. --set image_size=64)"
                 )
     mode = "L" if grayscale else "RGB"
 
@@ -121,17 +127,21 @@ def load_image_folder(
             if geometry is not None:
                 height, width = geometry.size
             else:
-                width, height = reference[1] if reference else (0, 0)
+                width, height = reference if reference else (0, 0)
             images = np.zeros((0, height, width, 1 if grayscale else 3), dtype=np.uint8)
         out.extend([images, np.array([label for _, label in entries], dtype=np.int64)])
     return out[0], out[1], out[2], out[3], classes
 
 
 def _layout(
-    root: Path, seed: int, test_fraction: float
+    root: Path, split_seed: int, test_fraction: float
 ) -> tuple[dict[str, list[tuple[Path, int]]], tuple[str, ...]]:
     """The ``(file, label)`` entries of each split and the class names: from ``root/train``
-    and ``root/test``, or a single ``root/<class>/`` tree split by each file's coin."""
+    and ``root/test``, or a single ``root/<class>/`` tree split by each file's coin.
+
+    Privacy: which layout applies is decided by the folders ``train/`` and ``test/`` (the
+    public layout), before any image is read.
+    """
     train_dir, test_dir = root / "train", root / "test"
     if not root.is_dir():
         raise DPVisionError(
@@ -145,7 +155,7 @@ def _layout(
             [path for path, _ in entries],
             [classes[label] for _, label in entries],
             test_fraction,
-            seed,
+            split_seed,
         )
         return {
             "train": [entries[i] for i in train],
@@ -158,11 +168,15 @@ def _layout(
                 f"{root}/train/<class>/*.png and {root}/test/<class>/*.png (or no train/ and "
                 f"test/ at all: {root}/<class>/*.png, split by test_fraction)"
             )
-    if test_fraction != TEST_FRACTION:
-        raise DPVisionError(
-            f"test_fraction splits a single {root}/<class>/ tree; {root} has its own train/ and "
-            "test/ folders: leave test_fraction unset"
-        )
+    for name, value, default in (
+        ("test_fraction", test_fraction, TEST_FRACTION),
+        ("split_seed", split_seed, SPLIT_SEED),
+    ):
+        if value != default:
+            raise DPVisionError(
+                f"{name} splits a single {root}/<class>/ tree; {root} has its own train/ and "
+                f"test/ folders: leave {name} unset"
+            )
     classes = _classes(train_dir)
     unknown = sorted(p.name for p in test_dir.iterdir() if p.is_dir() and p.name not in classes)
     if unknown:

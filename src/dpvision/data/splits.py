@@ -11,17 +11,21 @@ number held out is Binomial(n, fraction), about ``fraction · n``.
   ``dpvision pretrain --public-fraction`` and the private run agree on them without sharing
   anything, and a weight file records the split's definition and the digests of its rows.
 * The **test** split of a single ``imagefolder:ROOT/<class>/`` tree (``test_fraction``,
-  :func:`tree_split`) uses a key made of a fixed label and the run's public ``seed``, over
-  each *file's* bytes and class name: the test images are evaluation data whose accuracy is
-  released exactly, as those of a ``ROOT/test`` folder, so the split may be public; the
-  private run's (ε, δ) covers the training side. An image added to the tree lands on one side
-  and moves no other image; exact copies of a file land together.
+  :func:`tree_split`) uses a key made of a fixed label and the config's public
+  ``split_seed`` (never the run's ``seed``: a sweep over seeds keeps one test side), over
+  each *file's* bytes and class name: the test images are evaluation data, released exactly
+  (``n_test``, the test accuracy), as those of a ``ROOT/test`` folder, so the split may be
+  public; the private run's (ε, δ) covers the training side only. An image added to the tree
+  lands on one side and moves no other image; exact copies of a file land together. Runs
+  that publish results on one tree must share its split: an image that is test data in one
+  run and training data in another loses the training side's protection.
 * The **validation** split (``validation_fraction``) uses a secret key, a stream of the
   run's :class:`~dpvision.mechanisms.secret.SecretRandomness`: its coins are part of what
   the guarantee rests on (an adversary who could compute them would know which side the
   target is on).
 
-Privacy: the splits release nothing (their sizes are public by convention, as ``n``). The
+Privacy: the splits release nothing (their sizes are public by convention, as ``n``; a
+split that leaves one side empty is refused, a function of those sizes alone). The
 public rows are *not protected* (used without noise); the private run's (ε, δ) covers the
 private rows. The held-out validation rows are not trained on; what is released about them
 is noisy (:mod:`dpvision.runs.validation`) unless the user declares them public.
@@ -45,6 +49,7 @@ from dpvision.errors import DPVisionError
 __all__ = [
     "PUBLIC_KEY",
     "PUBLIC_SPLIT",
+    "SPLIT_SEED",
     "TEST_FRACTION",
     "TEST_SPLIT",
     "public_split",
@@ -84,6 +89,13 @@ def split_coins(rows: np.ndarray, labels: np.ndarray, key: bytes) -> np.ndarray:
 
 
 def _held(coins: np.ndarray, fraction: float, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """(kept, held) indices: the coins below ``fraction`` are held.
+
+    Privacy: the refusal of an empty side is a function of the two sides' sizes only (the
+    message names the fraction and the count, both public by convention), which a run
+    publishes anyway (``n_train``, ``n_validation``): it releases nothing beyond them
+    (docs/guarantees.md, "Still assumed").
+    """
     if not 0 < fraction < 1:
         raise DPVisionError(f"{what} must be in (0, 1), got {fraction}")
     held = coins < fraction
@@ -167,19 +179,26 @@ def training_rows(
 TEST_FRACTION = 0.2
 """The default share of a single image tree held out as its test split (80/20, as the
 ``digits`` split; scikit-learn's ``train_test_split`` holds out 0.25)."""
-TEST_SPLIT = "blake2b-64 keyed 'dpvision test split v1' and the seed, over class name, file bytes"
-"""The definition of a single tree's test split."""
+SPLIT_SEED = 0
+"""The default ``split_seed``: the key of a single tree's test split, fixed and public, apart
+from the run's ``seed`` (a sweep over seeds keeps one test side)."""
+TEST_SPLIT = "blake2b-64 keyed 'dpvision test split v1' and split_seed, over class name, file bytes"
+"""The definition of a single tree's test split (before ``split_seed`` existed its key was
+the run's ``seed``: ``split_seed = s`` gives the split those runs of ``seed = s`` had)."""
 
 
 def tree_split(
-    paths: Sequence[Path], class_names: Sequence[str], fraction: float, seed: int
+    paths: Sequence[Path], class_names: Sequence[str], fraction: float, split_seed: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """(training files, test files), indices sorted: the files whose coin is below
     ``fraction`` are test files. A file's coin is its 64-bit BLAKE2b digest, keyed by a fixed
-    label and ``seed``, over its class name and its bytes, over 2⁶⁴: it reads that file alone.
+    label and ``split_seed``, over its class name and its bytes, over 2⁶⁴: it reads that file
+    alone.
 
-    Privacy: the split depends on each file and the public seed only (adding or removing a
-    file moves no other); the test side is released exactly, as a ``test/`` folder's.
+    Privacy: the split depends on each file and the public ``split_seed`` only (adding or
+    removing a file moves no other); the test side is released exactly, as a ``test/``
+    folder's. The refusal of an empty side is a function of the two sides' sizes, which a
+    run publishes anyway (``n_train``, ``n_test``).
 
     Raises:
       DPVisionError: ``fraction`` is not in (0, 1), a file cannot be read, or one side is
@@ -189,7 +208,7 @@ def tree_split(
         raise DPVisionError(f"test_fraction must be in (0, 1), got {fraction}")
     if len(paths) != len(class_names):
         raise DPVisionError(f"{len(paths)} files but {len(class_names)} class names")
-    key = b"dpvision test split v1:" + int(seed).to_bytes(8, "little")
+    key = b"dpvision test split v1:" + int(split_seed).to_bytes(8, "little")
     coins = np.empty(len(paths), dtype=np.float64)
     for i, (path, name) in enumerate(zip(paths, class_names, strict=True)):
         digest = hashlib.blake2b(name.encode() + b"\0", key=key, digest_size=8)

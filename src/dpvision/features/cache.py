@@ -20,6 +20,12 @@ read (and is deleted by a later write once it is an hour old). An entry that fai
 (truncated or garbled file, shapes that disagree with the JSON) is logged as one warning and
 extracted again.
 
+The entry names hold a digest of a fingerprint of every image of the dataset: an adversary
+who knows all but one example can compute it for each candidate dataset and match. A run's
+log is published, so its messages name the cache *folder* and the kind of failure, never an
+entry's name, a file name in the folder or the shapes it holds; ``dpvision cache list``, a
+local command on the (private) cache, shows the names.
+
 The folder is ``$DPVISION_CACHE`` when that is set, else ``~/.cache/dpvision/features``.
 Files are created readable by their owner only (mode 0600): they hold features of private
 data.
@@ -265,6 +271,7 @@ def load_or_extract(
         release, and should be protected like the dataset itself.
     """
     folder = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    # Privacy: the stem holds a digest of the private images; the log names the folder only.
     key = cache_key(dataset, spec)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
     stem = f"{_slug(dataset.name)}-{spec.name}-{digest[:24]}"
@@ -293,7 +300,7 @@ def load_or_extract(
         logger.warning(
             "cannot create the feature cache folder %s (%s); extracting without caching",
             folder,
-            _one_line(error),
+            _reason(error),
         )
         return _extract_in_memory(shapes, extract)
     _remove_stale_temporaries(folder, stem)
@@ -303,7 +310,7 @@ def load_or_extract(
         logger.warning(
             "cannot write the feature cache in %s (%s); extracting without caching",
             folder,
-            _one_line(error.__cause__ or error),
+            _reason(error.__cause__ or error),
         )
         return _extract_in_memory(shapes, extract)
 
@@ -313,30 +320,44 @@ class _CacheWriteError(Exception):
     error: those propagate unchanged)."""
 
 
+class _CorruptEntryError(Exception):
+    """An entry that cannot be used; its message is one of a few fixed texts."""
+
+
 def _read_entry(folder: Path, stem: str, digest: str) -> tuple[np.ndarray, np.ndarray] | None:
-    """Loads a complete, consistent entry, or returns ``None`` (warning if it is corrupt)."""
+    """Loads a complete, consistent entry, or returns ``None`` (warning if it is corrupt).
+
+    Privacy: the warning names the cache folder and the kind of failure only, never the
+    entry (its name holds a digest of the private images), a file or a shape.
+    """
     meta_path = folder / f"{stem}.json"
     if not meta_path.is_file():
         return None
     try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except ValueError:
+            raise _CorruptEntryError("its JSON is garbled") from None
         if not isinstance(meta, dict) or meta.get("digest") != digest:
-            raise ValueError(f"{meta_path.name} describes another entry")
+            raise _CorruptEntryError("its JSON describes another entry")
         arrays = []
         for split in _SPLITS:
-            path = folder / f"{stem}.{split}.npy"
-            expected = tuple(int(size) for size in meta[split]["shape"])
-            array = np.load(path, mmap_mode="r", allow_pickle=False)
+            try:
+                expected = tuple(int(size) for size in meta[split]["shape"])
+            except (KeyError, TypeError, ValueError):
+                raise _CorruptEntryError("its JSON lacks the arrays' shapes") from None
+            try:
+                array = np.load(folder / f"{stem}.{split}.npy", mmap_mode="r", allow_pickle=False)
+            except (ValueError, EOFError):
+                raise _CorruptEntryError(f"its {split} array is truncated or garbled") from None
             if array.shape != expected or array.dtype != np.float32:
-                raise ValueError(
-                    f"{path.name} holds {array.dtype} {array.shape}, expected float32 {expected}"
-                )
+                raise _CorruptEntryError(f"its {split} array does not match its JSON")
             arrays.append(array)
-    except (OSError, ValueError, EOFError, KeyError, TypeError) as error:
+    except (_CorruptEntryError, OSError) as error:
         logger.warning(
-            "feature cache entry %s is corrupt (%s); extracting the features again",
-            folder / stem,
-            _one_line(error),
+            "a feature cache entry in %s is corrupt (%s); extracting the features again",
+            folder,
+            _reason(error),
         )
         return None
     return arrays[0], arrays[1]
@@ -380,7 +401,7 @@ def _write_entry(
     _fsync_folder(folder)
     entry = _read_entry(folder, stem, digest)
     if entry is None:  # the files were just written: only a failing disk gets here
-        raise _CacheWriteError(f"{folder / stem} could not be read back")
+        raise _CacheWriteError(folder / stem) from _CorruptEntryError("it could not be read back")
     return entry
 
 
@@ -486,6 +507,16 @@ def _slug(name: str) -> str:
     return slug or "dataset"
 
 
-def _one_line(error: BaseException) -> str:
-    """The error's message on one line."""
-    return " ".join(str(error).split()) or type(error).__name__
+def _reason(error: BaseException) -> str:
+    """What went wrong, on one line, without a file name: an ``OSError``'s ``strerror``
+    (its ``str`` names the file, whose name holds a digest of the private images), or the
+    fixed text of this module's own errors.
+
+    >>> _reason(OSError(28, "No space left on device", "/cache/x-pixels-0123abcd.json"))
+    'No space left on device'
+    """
+    if isinstance(error, OSError):
+        return error.strerror or type(error).__name__
+    if isinstance(error, _CorruptEntryError):
+        return str(error)
+    return "a cache file could not be written"

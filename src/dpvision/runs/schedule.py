@@ -83,6 +83,12 @@ def run_settings(config: TrainConfig) -> dict[str, Any]:
     for name, default in ADDED_DEFAULTS.items():  # image geometry, test_fraction: as above
         if data.get(name) == default:
             data.pop(name, None)
+    if config.dataset.strip().lower().startswith("imagefolder:"):
+        # Before split_seed, a single tree's split was keyed by the seed: a checkpoint from
+        # then resumes only a run whose split_seed is its seed (the same training side).
+        data.pop("split_seed", None)
+        if config.split_seed != config.seed:
+            data["split_seed"] = config.split_seed
     if config.image_size is not None:  # the splits read the rows at their own size (issue 40)
         data["row_identity"] = "native"
     options = config.dpsgd

@@ -25,6 +25,8 @@ _NOT_SEARCHABLE = (
     "seed",
     "validation_fraction",
     "public_fraction",
+    "split_seed",
+    "test_fraction",
     "dataset",
     "data_dir",
     "num_classes",

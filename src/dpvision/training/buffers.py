@@ -1,4 +1,5 @@
-"""Buffers written by a private forward pass are refused: :class:`BufferWatch`.
+"""Buffers and tensor attributes written by a private forward pass are refused:
+:class:`BufferWatch`.
 
 A module's buffers are part of its ``state_dict``, which is published with the model, and
 later forward passes read them. A buffer that a forward pass over private examples writes
@@ -22,6 +23,19 @@ that leaves a buffer bit for bit as it was changes nothing that is published and
 (the layout probe of :mod:`dpvision.per_example.batch_layout` writes back the buffers its
 own passes may have moved).
 
+State kept outside the registered buffers carries a batch statistic into later steps just
+as well: a plain tensor attribute (a forgotten ``register_buffer``: ``self.running =
+x.mean(0)``), or tensors in a list, tuple or dict held as an attribute. The watch therefore
+also takes every tensor (and NumPy array) reachable from the attributes of the model and of
+its submodules, through lists, tuples and dicts up to :data:`DEPTH` levels deep, and
+through modules held outside the module tree; torch's own bookkeeping of a module (its
+parameter, buffer, submodule and hook dictionaries) is not an attribute of the model, and
+parameters and registered buffers are watched as above. Such a tensor changed during the
+pass, or a new one, is refused in one line that names the attribute (never a value or a
+dictionary key); tensors set in ``__init__`` and only read, or set again to the same values
+(a cache that does not depend on the data), pass. Other Python values an attribute holds
+(numbers, strings, objects of other classes) are not watched.
+
 >>> import torch
 >>> from torch import nn
 >>> class Observer(nn.Module):
@@ -40,14 +54,20 @@ Traceback (most recent call last):
 dpvision.errors.DPVisionError: buffer '1.max_seen' of the model changed during a private ...
 """
 
+from typing import Any
+
+import numpy as np
 import torch
 from torch import nn
 
 from dpvision.errors import DPVisionError
 
-__all__ = ["BufferWatch"]
+__all__ = ["DEPTH", "BufferWatch"]
 
 _Group = tuple[torch.dtype, torch.device]
+DEPTH = 4  # an attribute, then up to three levels of lists, tuples and dicts
+# torch's own bookkeeping of every module (parameters, buffers, submodules, hooks).
+_MODULE_INTERNALS = frozenset(vars(nn.Module()))
 
 
 def _layout(buffers: list[tuple[str, torch.Tensor]]) -> list[tuple[str, _Group, torch.Size]]:
@@ -79,6 +99,85 @@ def _watched(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
     must not write (a trainable parameter changes only through the noisy update)."""
     frozen = [(n, p.detach()) for n, p in model.named_parameters() if not p.requires_grad]
     return [*model.named_buffers(), *frozen]
+
+
+class _Attributes:
+    """The tensors and arrays held by the attributes of ``model``'s modules (see the module
+    docstring), each under a key (its attribute's path and its place in the containers)
+    and the name of its attribute (what a message may show)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self._modules = {id(m) for m in model.modules()}
+        self._seen = {id(t) for t in model.parameters()} | {id(t) for t in model.buffers()}
+        self.tensors: list[tuple[str, torch.Tensor]] = []  # strided values, compared flat
+        self.others: list[tuple[str, Any]] = []  # arrays, and tensors whose values are opaque
+        self.names: dict[str, str] = {}
+        for prefix, module in model.named_modules():
+            for attr, value in vars(module).items():
+                if attr not in _MODULE_INTERNALS:
+                    name = f"{prefix}.{attr}" if prefix else attr
+                    self._value(name, name, value, 0)
+
+    def _outside(self, name: str, key: str, module: nn.Module, depth: int) -> None:
+        """A module held outside the module tree (in a plain list, say): everything it
+        holds, its parameters and buffers too, is named by the attribute that holds it."""
+        for attr, value in vars(module).items():
+            if attr in ("_parameters", "_buffers", "_modules"):
+                for index, item in enumerate(value.values()):
+                    self._value(name, f"{key}.{attr}[{index}]", item, depth + 1)
+            elif attr not in _MODULE_INTERNALS:
+                self._value(name, f"{key}.{attr}", value, depth + 1)
+
+    def _value(self, name: str, key: str, value: Any, depth: int) -> None:
+        if isinstance(value, torch.Tensor | np.ndarray):
+            if id(value) in self._seen:
+                return
+            self._seen.add(id(value))
+            self.names[key] = name
+            if isinstance(value, torch.Tensor) and _readable(value):
+                self.tensors.append((key, value.detach()))
+            else:
+                self.others.append((key, _fingerprint(value)))
+        elif depth + 1 >= DEPTH:
+            return
+        elif isinstance(value, nn.Module):
+            if id(value) not in self._modules:
+                self._modules.add(id(value))
+                self._outside(name, key, value, depth)
+        elif isinstance(value, dict):
+            for index, item in enumerate(value.values()):
+                self._value(name, f"{key}[{index}]", item, depth + 1)
+        elif isinstance(value, list | tuple):
+            for index, item in enumerate(value):
+                self._value(name, f"{key}[{index}]", item, depth + 1)
+
+
+def _readable(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s values can be copied and compared flat (not sparse, meta,
+    quantized, nested, or a tensor of a function transform that escaped it)."""
+    return (
+        tensor.layout == torch.strided
+        and not tensor.is_meta
+        and not tensor.is_quantized
+        and not tensor.is_nested
+        and not torch._C._functorch.is_functorch_wrapped_tensor(tensor)
+    )
+
+
+def _fingerprint(value: torch.Tensor | np.ndarray) -> tuple[Any, ...]:
+    """What stands for a value that is not compared flat: an array's bytes, or an opaque
+    tensor's identity and version counter (a write that keeps both is not seen)."""
+    if isinstance(value, np.ndarray):
+        return ("array", value.dtype.str, value.shape, value.tobytes())
+    return ("tensor", value, value._version)
+
+
+def _same_fingerprint(before: tuple[Any, ...], after: tuple[Any, ...]) -> bool:
+    if before[0] != after[0] or len(before) != len(after):
+        return False
+    if before[0] == "tensor":
+        return before[1] is after[1] and before[2] == after[2]
+    return before[1:] == after[1:]
 
 
 class BufferWatch:

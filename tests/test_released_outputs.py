@@ -32,6 +32,8 @@ JUSTIFIED = {
     "(sensitivity 1, in the ledger), or exact where validation = 'public'",
     "n_train": "public by convention: n (as in the papers; the sample rate q = B/n needs it)",
     "n_test": "test data, not private training data",
+    "test_split": "public: a single image tree's split_seed and test_fraction (the config); "
+    "its test side is evaluation data, released exactly",
     "n_validation": "public by convention, as n: about validation_fraction · n",
     "num_features": "public: the feature extractor's output width, fixed by the config",
     "input_shape": "public: the model's input shape (C, H, W): the dataset's image shape or "

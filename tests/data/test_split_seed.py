@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import dpvision
 from dpvision.cli import main
 from dpvision.config import TrainConfig, resolve
 from dpvision.data import imagefolder, load_dataset
@@ -81,6 +82,13 @@ def test_a_sweep_over_seeds_keeps_one_test_side(tmp_path, monkeypatch):
     assert 0 < len(used[0]) < 30
     assert len({r["n_test"] for r in results}) == 1
     assert {r["config"]["split_seed"] for r in results} == {0}
+    # Each result says its test side is released exactly, and which split it is.
+    assert {json.dumps(r["test_split"]) for r in results} == {
+        json.dumps(
+            {"split_seed": 0, "test_fraction": 0.2, "released": "exactly (n_test, test accuracy)"}
+        )
+    }
+    assert "test_split" not in dpvision.train(method="dp-ls", features="pixels").result
     assert len({_test_side(r["config"]) for r in results}) == 1
     # Another split_seed is another test side (the key is the split's, not the run's).
     other = _test_side({**results[0]["config"], "split_seed": 7})

@@ -45,6 +45,7 @@ __all__ = [
     "image_files",
     "load_image_folder",
     "read_images",
+    "single_tree",
 ]
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg"})
@@ -131,6 +132,19 @@ def load_image_folder(
             images = np.zeros((0, height, width, 1 if grayscale else 3), dtype=np.uint8)
         out.extend([images, np.array([label for _, label in entries], dtype=np.int64)])
     return out[0], out[1], out[2], out[3], classes
+
+
+def single_tree(name: str) -> bool:
+    """Whether the dataset ``name`` is an ``imagefolder:ROOT`` tree with its classes directly
+    under ``ROOT`` (no ``train/`` or ``test/``), whose test split :func:`tree_split` draws.
+
+    Privacy: decided by the folders ``train/`` and ``test/`` (the public layout) alone.
+    """
+    text = name.strip()
+    if not text.lower().startswith("imagefolder:"):
+        return False
+    root = Path(text[len("imagefolder:") :].strip()).expanduser()
+    return root.is_dir() and not (root / "train").is_dir() and not (root / "test").is_dir()
 
 
 def _layout(

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dpvision.config import TrainConfig, resolve
+from dpvision.data.imagefolder import single_tree
 from dpvision.distributed import current
 from dpvision.errors import DPVisionError
 from dpvision.mechanisms.secret import SecretRandomness
@@ -68,6 +69,12 @@ def fit(
         config, quiet=quiet, checkpoint=checkpoint, secret=secret, validation=validation
     )
     result["recipe"] = recipe
+    if single_tree(config.dataset):  # its test side is public evaluation data
+        result["test_split"] = {
+            "split_seed": config.split_seed,
+            "test_fraction": config.test_fraction,
+            "released": "exactly (n_test, test accuracy)",
+        }
     return _within_target(config, result), model
 
 
@@ -167,6 +174,16 @@ def _validation_note(result: dict[str, Any]) -> str:
     )
 
 
+def _test_split_note(result: dict[str, Any]) -> str:
+    split = result.get("test_split")
+    if split is None:
+        return ""
+    return (
+        f"test split: {100 * split['test_fraction']:g} % of the folder's images by split_seed "
+        f"{split['split_seed']}, released exactly (not covered by ε)\n"
+    )
+
+
 def _phases_note(result: dict[str, Any]) -> str:
     if "phase2_steps" not in result:
         return ""
@@ -201,6 +218,7 @@ def summary(result: dict[str, Any]) -> str:
         f"{result['n_test']} test), {_inputs(result)}\n"
         f"{_validation_note(result)}"
         f"test accuracy {100 * result['test_accuracy']:.2f} %{_ema_note(result)}\n"
+        f"{_test_split_note(result)}"
         f"privacy: {privacy}\n"
         f"{_phases_note(result)}"
         + (f"recipe: {result['recipe']['summary']}\n" if "recipe" in result else "")

@@ -261,3 +261,37 @@ def test_two_settings_under_one_secret_seed_share_no_noise(first, second):
     estimate = (sigma_two * one - sigma_one * two) / (sigma_two - sigma_one)
     assert float((estimate - exact).norm()) > 5 * CLIP
     assert float((one - exact).norm()) > CLIP  # each release is noisy
+
+
+def _noise_key(
+    *, batch_size: int = 8, activation: type[nn.Module] = nn.Tanh, criterion=None
+) -> bytes:
+    """The first noise stream's key of a ``make_private`` call with these settings."""
+    from dpvision.privacy_engine.secret_context import call_secret
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 5), activation(), nn.Linear(5, 3)).double()
+    arguments = {
+        "module": model,
+        "optimizer": torch.optim.SGD(model.parameters(), lr=0.5),
+        "data_loader": DataLoader(_data(), batch_size=batch_size),
+        "noise_multiplier": SIGMA,
+        "max_grad_norm": CLIP,
+        "criterion": criterion,
+    }
+    return call_secret(SECRET, secure=False, arguments=arguments, call=0).key("noise 0")
+
+
+def test_the_loader_the_architecture_and_the_criterion_key_the_streams():
+    """The review of issue 48: two calls that differed only in the loader's batch size
+    (nested Poisson batches under shared noise gave the target's row back exactly), in an
+    activation with no parameters, or in a criterion's label smoothing, shared their
+    streams. Each now keys them."""
+    base = _noise_key()
+    assert _noise_key() == base  # the same call replays
+    assert _noise_key(batch_size=16) != base
+    assert _noise_key(activation=nn.ReLU) != base
+    plain = _noise_key(criterion=nn.CrossEntropyLoss())
+    assert plain != base
+    assert _noise_key(criterion=nn.CrossEntropyLoss(label_smoothing=0.3)) != plain
+    assert _noise_key(criterion=nn.CrossEntropyLoss(weight=torch.ones(3))) != plain

@@ -29,7 +29,7 @@ from sklearn.datasets import load_digits
 import dpvision
 from dpvision.data.splits import PUBLIC_KEY, split_coins
 from dpvision.mechanisms.secret import SecretRandomness
-from dpvision.testing import check_sensitivity
+from dpvision.testing import check_sensitivity, coupled_coins
 
 SECRET = 918273645546372819  # distinctive: searched for in every published byte
 
@@ -173,13 +173,14 @@ def test_releases_move_at_most_their_sensitivity_through_the_splits(tmp_path, me
         sides.append("train")
     for side in sides:
         appended_only = side == "train" and method not in FULL_BATCH
-        report = check_sensitivity(
-            run,
-            (images, labels),
-            positions=[n] if appended_only else [n, 0, n // 2],
-            outlier=_example_on(side, secret_key),
-            tolerance=1e-5,
-        )
+        with coupled_coins():  # the same Poisson coins for the rows D and D′ share
+            report = check_sensitivity(
+                run,
+                (images, labels),
+                positions=[n] if appended_only else [n, 0, n // 2],
+                outlier=_example_on(side, secret_key),
+                tolerance=1e-5,
+            )
         assert report.refusal is None, report.refusal
         assert report.ok, f"{side}: {report.summary()}"
         moved = {m.released for m in report.movements if m.movement > 0}
@@ -361,16 +362,18 @@ def test_the_logged_command_line_hides_the_secret_seed_in_any_spelling(argv):
 
 def _drawn_streams(monkeypatch: pytest.MonkeyPatch) -> list[list[bytes]]:
     """Spies on every secret stream a run draws (the noise's, the learners', tune's scores
-    and runs), one list per run: the caller appends a list before each run."""
+    and runs, and the coins: Poisson sampling, tune's K and draws), one list per run: the
+    caller appends a list before each run."""
     runs: list[list[bytes]] = []
-    original = SecretRandomness.key
+    for method in ("key", "coin_key"):
+        original = getattr(SecretRandomness, method)
 
-    def spy(self: SecretRandomness, name: str) -> bytes:
-        key = original(self, name)
-        runs[-1].append(key)
-        return key
+        def spy(self: SecretRandomness, name: str, original=original) -> bytes:  # type: ignore[no-untyped-def]
+            key = original(self, name)
+            runs[-1].append(key)
+            return key
 
-    monkeypatch.setattr(SecretRandomness, "key", spy)
+        monkeypatch.setattr(SecretRandomness, method, spy)
     return runs
 
 
@@ -382,7 +385,8 @@ def test_one_secret_seed_on_a_changed_dataset_replays_no_noise(
     rerun with one example added to the dataset file drew the same noise (dp-ls on D′ with
     D's statistics replayed gave a bit-identical model): publishing both runs released the
     new example's statistics without noise. Now the training rows key every noise stream;
-    the split keys stay the same, so the splits still move no other row."""
+    the split keys stay the same, so the splits still move no other row. The coins too
+    (Poisson sampling, tune's K and draws), so the two runs compose as independent ones."""
     images, labels, _, _ = _digits()
     runs = _drawn_streams(monkeypatch)
     split_keys = []

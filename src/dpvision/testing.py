@@ -44,6 +44,7 @@ from dpvision.accounting import PrivacyLedger
 from dpvision.errors import DPVisionError
 from dpvision.learners.base import DPLinearClassifier
 from dpvision.mechanisms import Release, observing_releases
+from dpvision.mechanisms.secret import SecretRandomness
 from dpvision.privacy_engine import PrivacyEngine
 from dpvision.training.engine import DPSGDStep
 
@@ -458,3 +459,23 @@ def assert_same_outcome(run: Run, data: Data, neighbours: Sequence[Data]) -> Out
                 "depends on the private rows"
             )
     return outcome
+
+
+@contextmanager
+def coupled_coins() -> Iterator[None]:
+    """Within it, a replayable run's coins (Poisson sampling, ``tune``'s K and draws) do not
+    depend on its rows: D and D′ under one ``secret_seed`` draw the same coins for the rows
+    they share, which is what a neighbouring-dataset test with the noise off compares
+    (:func:`check_sensitivity` through ``dpvision.train``). Outside it, the rows key the
+    coins as they key the noise (:meth:`~dpvision.mechanisms.secret.SecretRandomness.bind_rows`).
+
+    Privacy:
+      A testing tool: never around a run whose output is published (two published runs on
+      neighbouring data with shared coins compose worse than independent ones).
+    """
+    bound = SecretRandomness.coin_key
+    SecretRandomness.coin_key = SecretRandomness.unbound_coin_key  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        SecretRandomness.coin_key = bound  # type: ignore[method-assign]

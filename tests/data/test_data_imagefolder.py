@@ -9,6 +9,7 @@ import pytest
 from PIL import Image
 
 from dpvision.data import load_dataset
+from dpvision.data.resize import ImageGeometry
 from dpvision.errors import DPVisionError
 
 
@@ -95,11 +96,17 @@ def test_test_class_unknown_to_train(tmp_path: Path) -> None:
         load_dataset(f"imagefolder:{tmp_path / 'ds'}")
 
 
-def test_empty_train_class_folder(tmp_path: Path) -> None:
+def test_an_empty_class_folder_is_a_class_with_no_example(tmp_path: Path) -> None:
+    """The label set is the folders' names; a class folder without images refused the run
+    before issue 48's review, which told whether its one image was in the data."""
     _folder(tmp_path / "ds")
     (tmp_path / "ds" / "train" / "bee").mkdir()
-    with pytest.raises(DPVisionError, match=r"train/bee: no \.png/\.jpg images"):
-        load_dataset(f"imagefolder:{tmp_path / 'ds'}")
+    (tmp_path / "ds" / "test" / "bee").mkdir()
+    dataset = load_dataset(f"imagefolder:{tmp_path / 'ds'}")
+    assert dataset.class_names is not None
+    assert "bee" in dataset.class_names
+    bee = dataset.class_names.index("bee")
+    assert bee not in set(dataset.train_labels.tolist())
 
 
 def test_corrupt_image_names_the_file(tmp_path: Path) -> None:
@@ -134,3 +141,49 @@ def test_a_broken_image_in_a_worker_is_one_line(tmp_path: Path, monkeypatch) -> 
         load_dataset(f"imagefolder:{tmp_path / 'ds'}")
     assert "\n" not in str(error.value)
     assert "img1.png" in str(error.value)
+
+
+def test_one_image_changes_no_outcome_and_no_warning(tmp_path: Path, capfd) -> None:
+    """Issue 48's review: a palette PNG with transparency made Pillow warn on stderr, a
+    large image warned or was refused naming its file, and a class folder that lost its one
+    image refused the run: each told whether that one private image was in the data. Now D
+    and D plus (or minus) such an image both run, and nothing is printed."""
+    import warnings
+
+    from dpvision.testing import assert_same_outcome
+
+    root = tmp_path / "tree"
+    rng = np.random.default_rng(0)
+
+    def run(extra: tuple[str, ...]) -> object:
+        for kind in ("a", "b", "rare"):
+            (root / kind).mkdir(parents=True, exist_ok=True)
+            for old in (root / kind).iterdir():
+                old.unlink()
+        for i in range(40):  # both sides of the 80/20 split hold images (n is public)
+            pixels = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / ("a", "b")[i % 2] / f"{i}.png")
+        if "palette" in extra:
+            palette = Image.fromarray(rng.integers(0, 4, (8, 8), dtype=np.uint8), mode="P")
+            palette.info["transparency"] = 0
+            palette.save(root / "a" / "palette.png", transparency=0)
+        if "large" in extra:
+            Image.new("L", (12_000, 8_000)).save(root / "b" / "large.png")
+        if "rare" in extra:
+            Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(
+                root / "rare" / "only.png"
+            )
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # any warning of a decode fails the run here
+            geometry = ImageGeometry.from_config({"image_size": 8})
+            return load_dataset(f"imagefolder:{root}", geometry=geometry).num_classes
+
+    old_limit = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = 40_000_000  # 96 Mpx: over twice the limit, refused before
+    try:
+        outcome = assert_same_outcome(run, (), [("palette",), ("large",), ("rare",)])
+    finally:
+        Image.MAX_IMAGE_PIXELS = old_limit
+    assert not outcome.refused
+    assert Image.MAX_IMAGE_PIXELS == old_limit  # the limit is back after each decode
+    assert capfd.readouterr().err == ""

@@ -135,6 +135,37 @@ def test_split_seed_and_test_fraction_are_not_searchable():
             parse_search([item])
 
 
+def test_a_search_over_an_image_folder_decoding_is_refused_whatever_the_images(
+    tmp_path, capsys
+):
+    """Issue 48's review: ``tune --search image_size=…`` on an image folder identified the
+    rows by their pixels at each size, so the candidates' splits differed and the search ran
+    or was refused as two Binomial counts happened to match (11 of 12 secret seeds refused).
+    Now the config refuses it, before any image is read: the same line for D and D + x."""
+    from dpvision.cli import main
+    from dpvision.testing import assert_same_outcome
+
+    root = _tree(tmp_path / "tree")
+
+    def run(extra: tuple[int, ...]) -> object:
+        for i in extra:
+            pixels = np.full((8, 8, 3), i, dtype=np.uint8)
+            Image.fromarray(pixels).save(root / "a" / f"extra{i}.png")
+        argv = ["tune", "--quiet", "--dataset", f"imagefolder:{root}", "--method", "dp-ls"]
+        argv += ["--set", "features='pixels'", "--set", "image_size=8", "--secret-seed", "5"]
+        code = main([*argv, "--search", "image_size=8,10"])
+        for i in extra:
+            (root / "a" / f"extra{i}.png").unlink()
+        message = capsys.readouterr().err.strip()
+        if code == 2:
+            raise DPVisionError(message)
+        return code
+
+    outcome = assert_same_outcome(run, (), [(7,), (200,)])
+    assert outcome.refused
+    assert "--search image_size" in str(outcome.message)
+
+
 def test_a_checkpoint_from_before_split_seed_resumes_only_the_same_split():
     """Before split_seed a tree was split by the seed: the run settings of a run whose
     split_seed is its seed are those of that run, and others differ."""

@@ -16,12 +16,15 @@ from dpvision.config import TrainConfig, resolve
 from dpvision.errors import DPVisionError
 from dpvision.log import configure
 from dpvision.runs import tune as tune_module
+from dpvision.runs.search import Search
 from dpvision.runs.tune import (
     DEFAULT_VALIDATION_FRACTION,
     TuneSettings,
     parse_search,
+    plan_selection,
     release_score,
     run_tune,
+    tune_secret,
 )
 
 
@@ -57,7 +60,7 @@ def test_the_best_candidate_is_found_whenever_it_is_drawn(separable):
     chosen: dict[bool, list[TrainConfig]] = {True: [], False: []}
     for seed in range(200):
         base = resolve(sets=[*sets, f"secret_seed={seed}"])
-        drawn = _secret_draws(base, Repetitions(6.0, 1.0), 2)
+        drawn = _secret_draws(base, search, TuneSettings(mean_runs=6.0))
         if len(drawn) <= 3 and len(chosen[1 in drawn]) < (3 if 1 in drawn else 1):
             chosen[1 in drawn].append(base)
     assert len(chosen[True]) == 3  # P(no seed of 200 qualifies) is negligible
@@ -72,14 +75,17 @@ def test_the_best_candidate_is_found_whenever_it_is_drawn(separable):
             assert result["epsilon"] <= 3.0
 
 
-def _secret_draws(base: TrainConfig, repetitions: Repetitions, candidates: int) -> list[int]:
+def _secret_draws(base: TrainConfig, search: Search, settings: TuneSettings) -> list[int]:
     """The candidates the tune's secret coins draw, in order (len: K), replayed from the
-    base config's ``secret_seed`` as its holder can and no one else."""
+    base config's ``secret_seed`` (with the search, the settings and the rows) as its
+    holder can and no one else."""
     if not base.validation_fraction:
         base = dataclasses.replace(base, validation_fraction=DEFAULT_VALIDATION_FRACTION)
-    coins = base.secret_randomness().numpy("tune coins")
-    runs = repetitions.sample(coins)
-    return [int(coins.integers(candidates)) for _ in range(runs)]
+    secret = tune_secret(base, search, settings)
+    plan = plan_selection(base, search, settings, secret)  # binds the rows, as the tune
+    coins = secret.coins("tune coins")
+    runs = plan.repetitions.sample(coins)
+    return [int(coins.integers(len(plan.candidates))) for _ in range(runs)]
 
 
 def _digits(*sets: str) -> TrainConfig:
@@ -114,7 +120,14 @@ def test_neither_k_nor_the_draws_nor_timings_are_published(tmp_path, capsys, mon
     """The result JSON, the model file, stdout, stderr and the log file of ``dpvision tune``
     say nothing of K, the candidates drawn, their order or any run's timing, and never the
     secret seed; the winner's config has the base's public seed, not one per run."""
-    secret = 987654321982  # this command's secret coins draw K = 6 runs of both candidates
+    search, settings = parse_search(["learner.learning_rate=0.1,0.5"]), TuneSettings(mean_runs=3.0)
+    # A secret whose coins draw both candidates for this command (its config, rows, search).
+    secret = next(
+        seed
+        for seed in range(SECRET, SECRET + 200)
+        if len(set(_secret_draws(_digits("epsilon=2", "seed=7", f"secret_seed={seed}"),
+                                 search, settings))) == 2
+    )  # fmt: skip
     drawn, original_fit = [], tune_module.fit
 
     def counting_fit(config, **kwargs):
@@ -195,14 +208,11 @@ def _secret_seed_drawing(accept, *sets: str) -> TrainConfig:  # type: ignore[no-
 
 
 def test_k_zero_from_the_secret_coins_releases_no_model_and_no_timing():
-    base = _secret_seed_drawing(lambda b: not _secret_draws(b, Repetitions(1.0, math.inf), 2))
-    assert _secret_draws(base, Repetitions(1.0, math.inf), 2) == []  # K = 0 for this secret
-    result, model = run_tune(
-        base,
-        parse_search(["learner.learning_rate=0.1,0.5"]),
-        TuneSettings("poisson", 1.0),
-        quiet=True,
-    )
+    search = parse_search(["learner.learning_rate=0.1,0.5"])
+    settings = TuneSettings("poisson", 1.0)
+    base = _secret_seed_drawing(lambda b: not _secret_draws(b, search, settings))
+    assert _secret_draws(base, search, settings) == []  # K = 0 for this secret
+    result, model = run_tune(base, search, settings, quiet=True)
     assert model is None
     assert result["selected"] is None
     assert not _hidden_keys(result)
@@ -229,10 +239,10 @@ def test_k_the_draws_every_run_and_the_score_noise_come_from_the_secret(monkeypa
     monkeypatch.setattr(tune_module, "release_score", spy_score)
     search = parse_search(["learner.learning_rate=0.1,0.5"])
     base = _secret_seed_drawing(
-        lambda b: set(_secret_draws(b, Repetitions(3.0, 1.0), 2)) == {0, 1}, "seed=7"
+        lambda b: set(_secret_draws(b, search, TuneSettings(mean_runs=3.0))) == {0, 1}, "seed=7"
     )
     run_tune(base, search, TuneSettings(mean_runs=3.0), quiet=True)
-    drawn = _secret_draws(base, Repetitions(3.0, 1.0), 2)
+    drawn = _secret_draws(base, search, TuneSettings(mean_runs=3.0))
     assert len(drawn) >= 2  # the test has an order to check
     assert set(drawn) == {0, 1}
     assert [rate for _, rate, _ in calls] == [(0.1, 0.5)[index] for index in drawn]

@@ -4,9 +4,9 @@ metadata, :mod:`dpvision.options`) and what a run derives from them.
 
 import dataclasses
 import functools
-import json
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from dpvision.data.core import ImageDataset
@@ -14,9 +14,13 @@ from dpvision.data.datasets import load_dataset
 from dpvision.data.resize import CROP_MODES, DEFAULTS, INTERPOLATIONS, ImageGeometry
 from dpvision.data.splits import SPLIT_SEED, TEST_FRACTION
 from dpvision.devices import Placement, placement
+from dpvision.features import parse_feature_spec
+from dpvision.features.backbone import feature_source
 from dpvision.features.preprocessing import PreprocessingConfig
+from dpvision.features.spec import NETWORK_FEATURES
+from dpvision.fileio import sha256_file
 from dpvision.learners import LEARNERS
-from dpvision.mechanisms.secret import SecretRandomness
+from dpvision.mechanisms.secret import SecretRandomness, canonical_context
 from dpvision.options import Choice, Interval, option
 from dpvision.recipes import AUTO
 from dpvision.training.options import DPSGDOptions, names_before_rename
@@ -165,10 +169,13 @@ class TrainConfig:
         data["leave_out_rows_of"] = list(self.leave_out_rows_of)  # as JSON reads it back
         return data
 
-    def secret_randomness(self) -> SecretRandomness:
+    def secret_randomness(self, **more: Any) -> SecretRandomness:
         """This run's secret randomness (:mod:`dpvision.mechanisms.secret`): fresh OS bits,
-        or derived from ``secret_seed`` *and this config*, so runs of other configs never
-        share their noise with it."""
+        or derived from ``secret_seed`` *and this config* — with the contents of the weight
+        files it names and ``more`` (``tune``: its search and settings) — so runs of other
+        configs, other weights or other searches never share their noise with it."""
+        if self.secret_seed is None:
+            return SecretRandomness(None, secure=self.secure_mode)
         # Where the data and the computation are is not what the run is; nor what its
         # options are called: a run given their former names replays under the new ones.
         context = {k: v for k, v in self.to_dict().items() if k not in ("data_dir", "device")}
@@ -184,11 +191,24 @@ class TrainConfig:
             context["row_identity"] = "native"
         if self.learner.get("init"):
             context["init_recipe"] = 2
+        # A weight file replaced at the same path is another run (issue 48's review).
+        weights = {path: _file_digest(path) for path in self._weight_files()}
+        if weights:
+            context["weight_files"] = weights
+        if more:
+            context["more"] = more
         return SecretRandomness(
-            self.secret_seed,
-            secure=self.secure_mode,
-            context=json.dumps(context, sort_keys=True, default=str),
+            self.secret_seed, secure=self.secure_mode, context=canonical_context(context)
         )
+
+    def _weight_files(self) -> list[str]:
+        """The weight files the run reads: ``learner.init``, ``learner.encoder``, the
+        features' ``encoder:path=``/``backbone:weights=`` and ``leave_out_rows_of``."""
+        files = [self.learner.get("init"), self.learner.get("encoder"), *self.leave_out_rows_of]
+        if self.features != "auto":
+            spec = parse_feature_spec(self.features)
+            files.append(feature_source(spec) if spec.name in NETWORK_FEATURES else None)
+        return [str(f) for f in dict.fromkeys(files) if isinstance(f, str) and f]
 
     @property
     def validation_is_public(self) -> bool:
@@ -236,3 +256,11 @@ class TrainConfig:
     def dpsgd(self) -> DPSGDOptions:
         """``dp-sgd``/``dp-randp``: the ``[learner]`` table, parsed once and typed."""
         return DPSGDOptions.from_dict(self.learner)
+
+
+def _file_digest(path: str) -> str:
+    """The sha256 of a file's bytes, or ``"missing"`` (the run refuses it elsewhere)."""
+    try:
+        return sha256_file(Path(path).expanduser())
+    except OSError:
+        return "missing"

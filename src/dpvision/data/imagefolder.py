@@ -27,7 +27,10 @@ The images are private data; this module only reads them and releases nothing.
 from __future__ import annotations
 
 # local imports: start-up time (heavy modules are imported in the functions using them)
+import contextlib
 import os
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -164,7 +167,7 @@ def _layout(
         )
     if not train_dir.is_dir() and not test_dir.is_dir():
         classes = _classes(root)
-        entries = _list_images(root, classes, every_class=True)
+        entries = _list_images(root, classes)
         train, test = tree_split(
             [path for path, _ in entries],
             [classes[label] for _, label in entries],
@@ -199,8 +202,8 @@ def _layout(
             f"{train_dir}; every test class must also be a training class"
         )
     return {
-        "train": _list_images(train_dir, classes, every_class=True),
-        "test": _list_images(test_dir, classes, every_class=False),
+        "train": _list_images(train_dir, classes),
+        "test": _list_images(test_dir, classes),
     }, classes
 
 
@@ -307,11 +310,13 @@ def _decode(paths: list[Path], mode: str, geometry: ImageGeometry | None = None)
     return np.concatenate(arrays)
 
 
-def _list_images(
-    split_dir: Path, classes: tuple[str, ...], *, every_class: bool
-) -> list[tuple[Path, int]]:
-    """Lists ``(file, label)`` for every image under ``split_dir/<class>/``, sorted by name;
-    ``every_class``: each class folder must hold an image."""
+def _list_images(split_dir: Path, classes: tuple[str, ...]) -> list[tuple[Path, int]]:
+    """Lists ``(file, label)`` for every image under ``split_dir/<class>/``, sorted by name.
+
+    Privacy: a class folder with no image is a class with no example, not an error: the
+    label set is the folders' names (public), and a refusal would tell whether the class's
+    one image is in the data (issue 48's review).
+    """
     entries: list[tuple[Path, int]] = []
     for label, name in enumerate(classes):
         class_dir = split_dir / name
@@ -320,19 +325,33 @@ def _list_images(
         paths = sorted(
             p for p in class_dir.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES
         )
-        if not paths and every_class:
-            raise DPVisionError(
-                f"{class_dir}: no .png/.jpg images in this class folder; add images or remove it"
-            )
         entries.extend((path, label) for path in paths)
     return entries
+
+
+@contextlib.contextmanager
+def _decoding(image_module: Any) -> Iterator[None]:
+    """Decodes as the config says whatever the image holds: Pillow's warnings about one
+    file (a palette with transparency, a large image) are not shown, and no size limit
+    refuses a valid image. A warning or a refusal that one private image brings would tell
+    whether it is in the data (issue 48's review); the size every image is brought to is
+    the config's ``image_size``."""
+    limit = image_module.MAX_IMAGE_PIXELS
+    image_module.MAX_IMAGE_PIXELS = None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        image_module.MAX_IMAGE_PIXELS = limit
 
 
 def _open(image_module: Any, path: Path) -> Any:
     """Opens an image lazily (header only), with a one-line error naming the file."""
     try:
-        return image_module.open(path)
-    except (OSError, ValueError, image_module.DecompressionBombError) as exc:
+        with _decoding(image_module):
+            return image_module.open(path)
+    except (OSError, ValueError) as exc:
         raise DPVisionError(f"{path}: cannot read the image ({exc}); fix or remove it") from exc
 
 
@@ -342,11 +361,11 @@ def _pixels(
     """Decodes one image to ``uint8`` ``(H, W, C)`` in ``mode`` (``"L"`` or ``"RGB"``),
     brought to ``geometry``'s size when given."""
     try:
-        with image_module.open(path) as image:
+        with _decoding(image_module), image_module.open(path) as image:
             converted = image.convert(mode)
             if geometry is not None:
                 converted = geometry.apply(converted)
             array = np.asarray(converted, dtype=np.uint8)
-    except (OSError, ValueError, image_module.DecompressionBombError) as exc:
+    except (OSError, ValueError) as exc:
         raise DPVisionError(f"{path}: cannot decode the image ({exc}); fix or remove it") from exc
     return array[..., np.newaxis] if array.ndim == 2 else array

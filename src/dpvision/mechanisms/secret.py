@@ -22,13 +22,14 @@ is ever published (the result's ``secret_randomness``).
 A replayable secret is derived the same way at every entry point (``dpvision.train``,
 ``dpvision.tune``, ``PrivacyEngine``): from the secret seed and the run's *context* (the
 published config, or the engine's σ, C, q, N, optimizer settings and initial parameters),
-so two runs that differ in any setting share no stream. Every noise stream is keyed by the
-training rows too (:meth:`SecretRandomness.bind_rows`), so a rerun on data with one example
-added or removed never replays the noise of the first run. The *coins* — the split keys,
-the Poisson sampling's coins, ``tune``'s K and draws (:meth:`SecretRandomness.coin_key`) —
-stay independent of the data: a split moves no row but the one added, and two neighbouring
-runs see the same batches of the rows they share, which is what neighbouring-dataset tests
-compare; their noise is independent, so neither release cancels the other's.
+so two runs that differ in any setting share no stream. Every stream but the split keys is
+keyed by the training rows too (:meth:`SecretRandomness.bind_rows`): the noise, and the
+*coins* that decide which rows a mechanism sees (the Poisson sampling's, ``tune``'s K and
+draws: :meth:`SecretRandomness.coin_key`), so a rerun on data with one example added or
+removed shares no randomness with the first run — two such runs compose as independent
+mechanisms. Only the split keys stay independent of the data, so that a split moves no row
+but the one added. (Neighbouring-dataset tests with the noise off couple the coins of D and
+D′ with :func:`dpvision.testing.coupled_coins`, a testing tool.)
 
 >>> a, b = SecretRandomness(secret_seed=7), SecretRandomness(secret_seed=7)
 >>> a.source, a.seed("noise") == b.seed("noise"), a.seed("noise") == a.seed("sampler")
@@ -185,12 +186,14 @@ class SecretRandomness:
     def bind_rows(self, *rows: object) -> "SecretRandomness":
         """Keys every stream but the split keys by the run's training rows (the arrays of
         :func:`rows_digest`, or a callable that returns them, given once the run has read
-        them and before it draws any noise), and returns ``self``.
+        them and before it draws any noise or coin), and returns ``self``.
 
         A replayable run on data with one example added or removed then draws independent
         noise, batches and coins: publishing both runs never gives back the difference of
-        their exact releases. The split keys (:meth:`split_key`) stay independent of the
-        rows, so that the splits stay neighbour-stable. Fresh OS bits need no binding (the
+        their exact releases, and the two compose as independent mechanisms (shared
+        Poisson coins would cost more than the sum of their ε). The split keys
+        (:meth:`split_key`) stay independent of the rows, so that the splits stay
+        neighbour-stable. Fresh OS bits need no binding (the
         rows are then not even hashed); the first binding holds, so a run that reads its
         rows twice keeps its streams.
 
@@ -213,10 +216,16 @@ class SecretRandomness:
 
     def coin_key(self, name: str) -> bytes:
         """32 secret bytes for the coins ``name``: what decides which rows a mechanism sees
-        (Poisson sampling, ``tune``'s K and draws), independent of the rows
-        (:meth:`bind_rows`), so that neighbouring runs draw the same coins for the rows
-        they share."""
-        return hashlib.blake2b(name.encode(), key=self._secret, digest_size=32).digest()
+        (Poisson sampling, ``tune``'s K and draws); keyed by the rows once they are bound,
+        as the noise (:meth:`bind_rows`)."""
+        return hashlib.blake2b(
+            b"coins " + name.encode(), key=self._streams, digest_size=32
+        ).digest()
+
+    def unbound_coin_key(self, name: str) -> bytes:
+        """:meth:`coin_key` as if no rows were bound: for
+        :func:`dpvision.testing.coupled_coins` only, never a run's coins."""
+        return hashlib.blake2b(b"coins " + name.encode(), key=self._secret, digest_size=32).digest()
 
     def coin_seed(self, name: str) -> int:
         """A secret 63-bit seed for the coins ``name`` (:meth:`coin_key`)."""
@@ -260,5 +269,7 @@ class SecretRandomness:
         (:func:`dpvision.data.splits.validation_split`); shared with every :meth:`child`,
         and independent of the rows (:meth:`bind_rows`)."""
         if self._split_key is None:
-            self._split_key = self.coin_key("validation split")
+            self._split_key = hashlib.blake2b(
+                b"validation split", key=self._secret, digest_size=32
+            ).digest()
         return self._split_key

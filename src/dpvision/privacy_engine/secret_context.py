@@ -13,6 +13,7 @@ fresh bits of OS entropy and none of this is computed.
 """
 
 import hashlib
+import inspect
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -24,7 +25,14 @@ from torch.utils.data import Dataset, Subset, TensorDataset
 from dpvision.mechanisms.noise import NoiseGenerator
 from dpvision.mechanisms.secret import SecretRandomness, canonical_context, check_secret_seed
 
-__all__ = ["call_noise", "call_secret", "dataset_digest", "optimizer_settings", "parameters_digest"]
+__all__ = [
+    "call_noise",
+    "call_secret",
+    "dataset_digest",
+    "module_structure",
+    "optimizer_settings",
+    "parameters_digest",
+]
 
 
 # make_private's arguments that are objects rather than settings: the optimizer and the
@@ -48,15 +56,24 @@ def call_secret(
     if check_secret_seed(secret_seed) is None or secure:
         return SecretRandomness(secret_seed, secure=secure)  # refuses a seed with secure
     module, optimizer = arguments["module"], arguments["optimizer"]
+    loader = arguments["data_loader"]
+    dataset = loader.dataset
     context = {
         "entry": "PrivacyEngine.make_private",
         "call": call,
         **{k: _plain(v) for k, v in arguments.items() if k not in _OBJECTS},
+        # q = batch_size / N and what the loader reads
+        "data_loader": {
+            "batch_size": loader.batch_size,
+            "num_examples": len(dataset),
+            "dataset": type(dataset).__qualname__,
+            "collate_fn": _plain(loader.collate_fn),
+        },
         "optimizer": optimizer_settings(optimizer),
+        "module": module_structure(module),
         "initial_parameters": parameters_digest(module),
     }
     secret = SecretRandomness(secret_seed, context=canonical_context(context))
-    dataset = arguments["data_loader"].dataset
     return secret.bind_rows(lambda: (np.frombuffer(dataset_digest(dataset), np.uint8),))
 
 
@@ -87,6 +104,19 @@ def optimizer_settings(optimizer: torch.optim.Optimizer) -> list[Any]:
         for group in optimizer.param_groups
     ]
     return [type(optimizer).__name__, groups]
+
+
+def module_structure(module: nn.Module) -> list[str]:
+    """The module's architecture: its ``repr`` (layers, shapes, activations) and a digest of
+    the source of every submodule's class (a ``forward`` that calls ``F.relu`` or
+    ``F.tanh``), where Python can read it.
+
+    >>> tanh = nn.Sequential(nn.Linear(2, 2), nn.Tanh())
+    >>> module_structure(tanh) == module_structure(nn.Sequential(nn.Linear(2, 2), nn.ReLU()))
+    False
+    """
+    classes = sorted({_source_digest(type(m)) for m in module.modules()})
+    return [repr(module), *classes]
 
 
 def parameters_digest(module: nn.Module) -> str:
@@ -162,12 +192,29 @@ def _update(hasher: Any, value: Any) -> None:
 
 
 def _plain(value: Any) -> Any:
-    """A setting as JSON can write it: tensors as lists, objects (a criterion) by their
-    type and ``repr``, the rest as given."""
+    """A setting as JSON can write it: tensors as lists; a module (a criterion) by its type,
+    its public attributes (``label_smoothing``, ``ignore_index``, ...) and its state; a
+    function by its name and source; anything else by its type and ``repr``."""
     if isinstance(value, torch.Tensor):
         return value.detach().cpu().tolist()
     if isinstance(value, (bool, int, float, str, type(None))):
         return value
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
+    if isinstance(value, nn.Module):
+        public = {k: _plain(v) for k, v in vars(value).items() if not k.startswith("_")}
+        return [module_structure(value), public, parameters_digest(value)]
+    if callable(value):
+        return [getattr(value, "__qualname__", type(value).__qualname__), _source_digest(value)]
     return f"{type(value).__qualname__}: {value!r}"
+
+
+def _source_digest(thing: Any) -> str:
+    """The qualified name of a class or function and a digest of its source (the name
+    alone where Python cannot read the source: built-ins, an interactive session)."""
+    name = f"{getattr(thing, '__module__', '')}.{getattr(thing, '__qualname__', repr(thing))}"
+    try:
+        source = inspect.getsource(thing)
+    except (OSError, TypeError):
+        return name
+    return f"{name}:{hashlib.blake2b(source.encode(), digest_size=16).hexdigest()}"

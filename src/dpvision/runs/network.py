@@ -99,9 +99,10 @@ def initial_model(
     when the caller has it already).
 
     Privacy: the architecture, the weights and what is frozen come from the config and the
-    weight file, never from the private data. Weights trained on any of this run's private
-    rows were refused by :func:`dpvision.runs.inputs.load_inputs` (their cost is outside
-    this run's ledger) unless ``learner.init_allow_same_dataset`` is set.
+    weight file, never from the private data. The rows the weight file was trained on were
+    left out of the run by :func:`dpvision.runs.inputs.load_inputs`, and a file trained on
+    this run's own dataset by name refused, unless ``learner.init_allow_same_dataset`` is
+    set.
     """
     shape = tuple(int(v) for v in data.train_x.shape[1:])
     model = build_network(options.spec, shape, data.num_classes, groups=options.groups)

@@ -164,6 +164,36 @@ def _planned_releases(config: TrainConfig, num_train: int) -> tuple[int, float]:
     return int(count), float(rate)
 
 
+# What an image folder's rows are identified by (their pixels as decoded at image_size).
+_ROW_IDENTITY_KEYS = ("image_size", "image_channels", "crop_mode", "crop_pct", "interpolation")
+
+
+def _check_same_rows(base: TrainConfig, search: Search) -> None:
+    """Refuses, by the config alone, a search whose candidates would identify the examples
+    by other rows and so split them differently: an image folder's decoding options (its
+    rows are its pixels at ``image_size``; arrays keep their own rows), or precomputed
+    features beside images. Every candidate must train and validate on the same rows, and
+    whether two splits happen to have the same sizes depends on the private rows (issue
+    48's review: such a search ran or was refused by the data)."""
+    searched = set(search.keys)
+    folder = base.dataset.strip().lower().startswith("imagefolder:")
+    if folder and searched & set(_ROW_IDENTITY_KEYS):
+        key = sorted(searched & set(_ROW_IDENTITY_KEYS))[0]
+        raise DPVisionError(
+            f"--search {key}: an image folder's rows are its images as decoded at one size, "
+            "and every candidate must train on the same rows; fix it with --set instead"
+        )
+    kinds = {
+        str(setting.get("features", base.features)).startswith("precomputed")
+        for setting in search.candidates()
+    }
+    if len(kinds) > 1:
+        raise DPVisionError(
+            "--search features: precomputed feature files and image features are other rows, "
+            "and every candidate must train on the same rows; search one kind"
+        )
+
+
 def _check_candidate(config: TrainConfig, setting: dict[str, Any]) -> None:
     where = ", ".join(set_items(setting)) or "the base config"
     if config.method == "dp-randp":
@@ -196,6 +226,7 @@ def _candidates(
         configs = [
             dataclasses.replace(config, leave_out_rows_of=tuple(files)) for config in configs
         ]
+    _check_same_rows(base, search)
     for setting, validated in zip(settings, configs, strict=True):
         _check_candidate(validated, setting)  # again below, with the recipe's preprocessing
     for index, (setting, validated) in enumerate(zip(settings, configs, strict=True)):
@@ -213,8 +244,11 @@ def _candidates(
             accountant="rdp",
         )
         out.append(Candidate(index, setting, config, count, rate, sigma, recipe))
-    if len(sizes) != 1:
-        raise DPVisionError("every candidate must train on the same split; search no split key")
+    if len(sizes) != 1:  # _check_same_rows refused every search that could get here
+        raise DPVisionError(
+            "every candidate must train on the same split; this is a bug in dpvision, please "
+            "report it"
+        )
     ((num_train, num_validation),) = sizes
     return out, num_train, num_validation
 

@@ -125,6 +125,16 @@ def run_tune(
         return _tune(base, search, settings, quiet)
 
 
+def tune_secret(base: TrainConfig, search: Search, settings: TuneSettings) -> SecretRandomness:
+    """The tune's secret randomness: fresh OS bits, or derived from ``secret_seed``, the
+    base config, the search and the settings, so that two searches (another space, another
+    K distribution or σ_v) under one secret seed never share K, draws or noise; the plan
+    binds it to the rows (:meth:`~dpvision.mechanisms.secret.SecretRandomness.bind_rows`)."""
+    return base.secret_randomness(
+        tune={"search": dataclasses.asdict(search), "settings": dataclasses.asdict(settings)}
+    )
+
+
 def _tune(
     base: TrainConfig, search: Search, settings: TuneSettings, quiet: bool
 ) -> tuple[dict[str, Any], TrainedModel | None]:
@@ -133,8 +143,8 @@ def _tune(
         raise DPVisionError("dpvision tune needs a finite target ε: the budget of the whole search")
     if not base.validation_fraction:
         base = dataclasses.replace(base, validation_fraction=DEFAULT_VALIDATION_FRACTION)
-    secret = base.secret_randomness()  # secret_seed and this config, else fresh OS bits
-    plan = plan_selection(base, search, settings, secret)
+    secret = tune_secret(base, search, settings)
+    plan = plan_selection(base, search, settings, secret)  # binds the rows: data_facts
     say(
         f"tune: {len(plan.candidates)} candidates, a secret number of runs K "
         f"({plan.repetitions.describe()}), σ × {plan.scale:.4g} over one run's, score noise "

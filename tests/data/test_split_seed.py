@@ -135,9 +135,7 @@ def test_split_seed_and_test_fraction_are_not_searchable():
             parse_search([item])
 
 
-def test_a_search_over_an_image_folder_decoding_is_refused_whatever_the_images(
-    tmp_path, capsys
-):
+def test_a_search_over_an_image_folder_decoding_is_refused_whatever_the_images(tmp_path, capsys):
     """Issue 48's review: ``tune --search image_size=…`` on an image folder identified the
     rows by their pixels at each size, so the candidates' splits differed and the search ran
     or was refused as two Binomial counts happened to match (11 of 12 secret seeds refused).

@@ -77,7 +77,12 @@ def refusal_membership(trials: int, folder: Path) -> tuple[float, float]:
         data = _npz(
             folder / "b.npz", np.concatenate([b_images, image[None]]), np.append(b_labels, label)
         )
-        learner = {"model": "mlp-16", "init": str(folder / "whole.pt"), "steps": 1}
+        learner = {
+            "model": "mlp-16",
+            "init": str(folder / "whole.pt"),
+            "steps": 1,
+            "batch_size": 32,
+        }
         try:
             dpvision.train(dataset=data, num_classes=3, method="dp-sgd", learner=learner)
         except DPVisionError:

@@ -68,11 +68,19 @@ class DPDataLoader:
         (B, C, H, W) images.
       generator: randomness of the augmentation.
 
+    A loop that leaves a pass (``break``, ``return``, an error, ``next(iter(loader))``)
+    before the release of its logical batch gets that batch again, whole, as the first of
+    its next pass (the partial sum of the chunks it stepped on was discarded): leaving then
+    starting over cannot skip a batch. Leaving the same batch twice before a step on any
+    of its chunks is refused at the next pass: the loop is skipping it (or would stall).
+
     Privacy:
-      The batches are Poisson samples at rate q, as the accountant assumes; chunking and
-      augmentation act on one example at a time and change neither the sampling nor the
-      sensitivity. Each chunk is announced to the optimizer with its rows, and a step on
-      anything else is refused (:class:`DPOptimizer`).
+      The batches are Poisson samples at rate q, as the accountant assumes, and each is
+      released once, in the order drawn, up to where the loop stops: which batches are
+      released never depends on their rows (a skip, by ``continue`` or by leaving and
+      starting over, is refused). Chunking and augmentation act on one example at a time
+      and change neither the sampling nor the sensitivity. Each chunk is announced to the
+      optimizer with its rows, and a step on anything else is refused (:class:`DPOptimizer`).
     """
 
     def __init__(
@@ -91,27 +99,64 @@ class DPDataLoader:
         self.augment = augment
         self.generator = generator if generator is not None else torch.Generator()
         self._step = 0  # logical batches so far: with the seed, keys each example's views
+        # The batch a loop left: (batch, its step, times left untouched, its id). A list, so
+        # that the copies BatchMemoryManager makes share it.
+        self._left: list[tuple[Any, int, int, int]] = []
 
     def __len__(self) -> int:
         return len(self.loader)
 
     def __iter__(self) -> Iterator[Any]:
         optimizer = self.optimizer
-        for batch in self.loader:
-            self._step += 1
+        for batch, step, times_left in self._logical_batches():
             chunks = self._chunks(batch)
             logical = optimizer.new_logical_batch()
             try:
                 for index, chunk in enumerate(chunks):
-                    views = self._views(chunk)
+                    views = self._views(chunk, step)
                     optimizer.announce_chunk(logical, index == len(chunks) - 1, views)
                     yield views
-            except GeneratorExit:  # the loop left (break, return): its choice
-                optimizer.leave(logical)
+            except GeneratorExit:  # the loop left (break, return, an error): its choice,
+                optimizer.leave(logical)  # but the batch comes first in its next pass
+                # (unless released); the count is of the times it was left untouched.
+                untouched = 0 if optimizer.holds(logical) else times_left + 1
+                self._left[:] = [(batch, step, untouched, logical)]
                 raise
             finally:  # a loop that leaves mid-batch must not leak its chunks into the next
                 optimizer.discard_pending(logical)
         optimizer.check_stepped()  # the last batch too was stepped on
+
+    def _logical_batches(self) -> Iterator[tuple[Any, int, int]]:
+        """One pass: ⌈1/q⌉ logical batches as (batch, step, times it was left untouched),
+        the batch a loop left before its release first, then fresh Poisson batches.
+
+        Raises:
+          DPVisionError: the batch to resume was left twice untouched (the loop skips it).
+
+        Privacy:
+          Releases nothing. Every batch drawn is yielded until the loop steps on it (or
+          stops), so which batches reach a release does not depend on their rows; the left
+          batch is held in memory, as private as the dataset.
+        """
+        remaining = len(self.loader)
+        if self._left:
+            batch, step, times_left, logical = self._left[0]
+            if self.optimizer.released(logical):  # stepped on after the loop left
+                self._left.clear()
+            elif times_left > 1:
+                raise DPVisionError(LEFT_AGAIN)
+            else:
+                self._left.clear()
+                yield batch, step, times_left
+                remaining -= 1
+        if remaining <= 0:
+            return
+        for batch in self.loader:
+            self._step += 1
+            yield batch, self._step, 0
+            remaining -= 1
+            if remaining == 0:
+                return
 
     def _chunks(self, batch: Any) -> list[Any]:
         limit = self.max_physical_batch_size
@@ -126,7 +171,7 @@ class DPDataLoader:
             for start in range(0, size, limit)
         ]
 
-    def _views(self, batch: Any) -> Any:
+    def _views(self, batch: Any, step: int) -> Any:
         if not self.augment:
             return batch
 
@@ -148,13 +193,20 @@ class DPDataLoader:
                 key=_VIEW_KEY,
             )
             draws = keyed_views(
-                keys, self.generator.initial_seed(), self._step, self.views, padding=4, flip=True
+                keys, self.generator.initial_seed(), step, self.views, padding=4, flip=True
             )
             views = apply_views(images, draws, padding=4).flatten(0, 1)
         return type(batch)([views, *(t.repeat_interleave(self.views, 0) for t in rest)])
 
 
 _VIEW_KEY = b"dpvision augmentation views v1"  # public: views are public randomness
+LEFT_AGAIN = (
+    "a batch of the private data loader was left twice before any optimizer.step() on it (a "
+    "`break` before the step, then a new pass, which starts with the batch left): a loop "
+    "that leaves the batches it does not like would skip them, and which batches are "
+    "released would depend on the data; step on every batch, empty ones included, and "
+    "leave the loader only to stop"
+)
 
 
 def _fields(batch: Any) -> list[torch.Tensor]:

@@ -1,6 +1,7 @@
 """The user's module wrapped with the hooks that per-example clipping needs (Opacus'
 ``GradSampleModule``)."""
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -48,9 +49,11 @@ class PrivateModule(nn.Module):
     input row is kept for the step to compare with the rows the data loader yielded.
 
     Privacy:
-      A recorded pass must leave the module's buffers as they were: a buffer it writes
-      (BatchNorm's running statistics in training mode, an activation observer) would keep
-      an exact statistic of the private batch in the ``state_dict`` and in later passes, and
+      A recorded pass (its probe, its re-run and its backward pass included) must leave the
+      module's buffers, and the tensors its attributes hold, as they were: a buffer it
+      writes (BatchNorm's running statistics in training mode, an activation observer) or a
+      plain tensor attribute (a running mean without ``register_buffer``) would keep an
+      exact statistic of the private batch for later passes (and the ``state_dict``), and
       is refused (:class:`~dpvision.training.buffers.BufferWatch`).
     """
 
@@ -65,6 +68,7 @@ class PrivateModule(nn.Module):
         self._checked: set[Any] = set()
         self._same_examples = False
         self._buffer_watch = BufferWatch(module, what="the module")
+        self._check_queued = False
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Calls the wrapped module; with K views, rows must come in whole examples.
@@ -91,6 +95,9 @@ class PrivateModule(nn.Module):
                 "batches of the private data loader unchanged"
             )
         self._tape.begin_pass(rows, same_examples=self._same_examples)
+        # From before the probe: it runs on these private rows too, and it writes back the
+        # buffers its passes moved, not the attributes.
+        self._buffer_watch.start()
         key = signature(self._module, args, kwargs)
         if key not in self._checked and rows >= 2 * self.views:
             check_batch_layout(self._module, self._tape.layers, args, kwargs, views=self.views)
@@ -108,14 +115,37 @@ class PrivateModule(nn.Module):
                     f"{tuple(value.shape)} that is not one row per example: a batch statistic "
                     "would reach every example's output; pass constants as buffers of the model"
                 )
-        self._buffer_watch.start()  # after the probe, which writes back what it moved
         state = _random_state(batch.device)
         output = self._module(*args, **kwargs)
         self._buffer_watch.check()
         if rows >= 2 * self.views:  # sizes[0]: the batch's, the first tensor argument
             self._check_rows_apart(args, kwargs, output, state, sizes[0][:, 0])
         self._gate.inputs.setdefault(len(self._tape.pass_rows) - 1, []).extend(sizes)
-        return self._gate.gated(output, rows, len(self._tape.pass_rows) - 1)
+        gated = self._gate.gated(output, rows, len(self._tape.pass_rows) - 1)
+        for tensor in _grad_tensors(gated):  # the watch again when the backward pass ends
+            tensor.register_hook(self._queue_check)  # type: ignore[no-untyped-call]
+        return gated
+
+    def _queue_check(self, grad: torch.Tensor) -> None:
+        """From the backward pass through an output: checks the watch once it ends, since a
+        gradient hook that keeps a statistic of the batch's gradients on the module (an
+        attribute, a buffer) would reach the next steps as a forward write would."""
+        if not self._check_queued:
+            self._check_queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._check_backward)
+
+    def _check_backward(self) -> None:
+        """Refuses (here, and at the step) a backward pass that wrote the module's state.
+
+        Privacy:
+          Releases nothing: the error names a buffer or attribute, never a value.
+        """
+        self._check_queued = False
+        try:
+            self._buffer_watch.check(during="backward pass")
+        except DPVisionError as error:
+            self._gate.refusal = str(error)  # a step on this pass is refused too
+            raise
 
     def per_example_loss(self, criterion: Any, *, weight: float = 1.0) -> PerExampleLoss:
         """``criterion`` (per-row losses, ``reduction="none"``) evaluated one example at a
@@ -249,6 +279,20 @@ class PrivateModule(nn.Module):
     def remove_hooks(self) -> None:
         """Detaches the recording hooks (the module then trains without privacy)."""
         self._tape.detach()
+
+
+def _grad_tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors of an output (tensors in tuples, lists, dicts, dataclasses) that a
+    backward pass can reach."""
+    if isinstance(value, torch.Tensor):
+        return [value] if value.requires_grad else []
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = [getattr(value, field.name) for field in dataclasses.fields(value)]
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, tuple | list):
+        return [t for item in value for t in _grad_tensors(item)]
+    return []
 
 
 def _random_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:

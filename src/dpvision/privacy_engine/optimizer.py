@@ -94,6 +94,7 @@ class DPOptimizer(torch.optim.Optimizer):
         self._chunk: Chunk | None = None
         self._pending: int | None = None  # the logical batch whose clipped sum is held
         self._batches = 0
+        self._released: int | None = None  # the logical batch released last
 
     def ema_model(self) -> nn.Module:
         """A copy of the module with the averaged (EMA) parameters, in evaluation mode.
@@ -175,16 +176,19 @@ class DPOptimizer(torch.optim.Optimizer):
         self._chunk = Chunk.of(batch, last, chunk)
 
     def check_stepped(self) -> None:
-        """Raises if the loop went on past the chunk yielded last without stepping on it.
+        """Raises if the loop went on past the chunk yielded last without stepping on it
+        (or after a step on it that was refused).
 
         A loop that *leaves* the loader (``break``, ``return``) before stepping is not
-        refused: its chunk may still be stepped on (``next(iter(loader))``), and a new
-        iteration replaces it. When to stop is the loop's choice; a stop decided on the
-        private training loss is not accounted (docs: what PrivacyEngine assumes).
+        refused: its chunk may still be stepped on, and the loader's next pass starts with
+        that logical batch again (:class:`~dpvision.privacy_engine.data_loader.DPDataLoader`).
+        When to stop is the loop's choice; a stop decided on the private training loss is
+        not accounted (docs: what PrivacyEngine assumes).
 
         Raises:
-          DPVisionError: a batch was skipped (``continue`` past it: which batches are
-            released would depend on the data, e.g. the empty ones or those of high loss).
+          DPVisionError: a batch was skipped (``continue`` past it, or past a refused step:
+            which batches are released would depend on the data, e.g. the empty ones or
+            those of high loss).
         """
         if self._chunk is not None and not self._chunk.left:
             self._chunk = None
@@ -194,6 +198,16 @@ class DPOptimizer(torch.optim.Optimizer):
         """The loop left the loader during logical batch ``batch`` (the loader was closed)."""
         if self._chunk is not None and self._chunk.batch == batch:
             self._chunk.left = True
+
+    def holds(self, batch: int) -> bool:
+        """Whether the clipped sum of some chunks of logical batch ``batch`` (not its last)
+        is held, waiting for the rest."""
+        return self._pending is not None and self._pending == batch
+
+    def released(self, batch: int) -> bool:
+        """Whether logical batch ``batch`` of the private data loader was released (its
+        last chunk stepped on; the loader's batches are released in the order drawn)."""
+        return self._released is not None and self._released >= batch
 
     def declare_sampling(self, sample_rate: float) -> None:
         """Lets the steps that follow use batches this loop draws itself, accounted at rate q.
@@ -409,15 +423,20 @@ class DPOptimizer(torch.optim.Optimizer):
                 "make_private returned (one step per batch it yields), or declare how your "
                 "batches are drawn with optimizer.declare_sampling(sample_rate)"
             )
-        self._chunk, self._skip_next = None, False
+        self._skip_next = False
         if self._pending is not None and self._pending != batch:
             self.discard_pending()
+        # A refused step leaves its chunk un-stepped: a loop that catches the error and
+        # goes on to the next batch skipped this one (refused at the next chunk).
         self._accumulate(announced)
+        self._chunk = None
         if not last:
             self._pending = batch
             return loss
         self._pending = None
         self._release(release)
+        if announced is not None:
+            self._released = batch
         return loss
 
 

@@ -33,7 +33,9 @@ parameter, buffer, submodule and hook dictionaries) is not an attribute of the m
 parameters and registered buffers are watched as above. Such a tensor changed during the
 pass, or a new one, is refused in one line that names the attribute (never a value or a
 dictionary key); tensors set in ``__init__`` and only read, or set again to the same values
-(a cache that does not depend on the data), pass. Other Python values an attribute holds
+(a cache that does not depend on the data), pass. A cache first filled in a private pass is
+refused: nothing shows that it does not depend on the rows (fill it in ``__init__``, or by a
+forward pass on public data before training). Other Python values an attribute holds
 (numbers, strings, objects of other classes) are not watched.
 
 >>> import torch
@@ -104,7 +106,13 @@ def _watched(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
 class _Attributes:
     """The tensors and arrays held by the attributes of ``model``'s modules (see the module
     docstring), each under a key (its attribute's path and its place in the containers)
-    and the name of its attribute (what a message may show)."""
+    and the name of its attribute (what a message may show).
+
+    Privacy:
+      Releases nothing. It holds references to the tensors (as private as the model) and
+      the bytes of the arrays; names and keys come from the code (attribute names and
+      positions, never a dictionary's keys or a value).
+    """
 
     def __init__(self, model: nn.Module) -> None:
         self._modules = {id(m) for m in model.modules()}
@@ -160,6 +168,7 @@ def _readable(tensor: torch.Tensor) -> bool:
         and not tensor.is_meta
         and not tensor.is_quantized
         and not tensor.is_nested
+        and not isinstance(tensor, nn.UninitializedParameter | nn.UninitializedBuffer)
         and not torch._C._functorch.is_functorch_wrapped_tensor(tensor)
     )
 
@@ -181,53 +190,88 @@ def _same_fingerprint(before: tuple[Any, ...], after: tuple[Any, ...]) -> bool:
 
 
 class BufferWatch:
-    """Refuses writes to a module's buffers between :meth:`start` and :meth:`check`.
+    """Refuses writes to a module's buffers and tensor attributes between :meth:`start` and
+    :meth:`check`.
 
     Call :meth:`start` before a private pass (forward and backward over private examples)
-    and :meth:`check` after it. Between passes anything may change the buffers (loading a
+    and :meth:`check` after it. Between passes anything may change them (loading a
     checkpoint, the caller's own code): :meth:`start` takes them as they are.
 
     Args:
-      model: the module whose buffers (all of them, persistent or not) and frozen
-        parameters are watched.
+      model: the module whose buffers (all of them, persistent or not), frozen parameters
+        and tensors held by attributes (see the module docstring) are watched.
       what: how the error names ``model`` (``"the model"``, ``"the module"``).
 
     Privacy:
-      Releases nothing. From :meth:`start` on it holds a flat copy of the buffers (as
-      private as the model; as large as the buffers).
+      Releases nothing; its errors name a buffer or attribute, never a value. From
+      :meth:`start` on it holds a flat copy of what it watches (as private as the model; as
+      large as the buffers and the attributes' tensors).
     """
 
     def __init__(self, model: nn.Module, *, what: str = "the model") -> None:
         self.model, self.what = model, what
         self._layout: list[tuple[str, _Group, torch.Size]] = []
         self._before: dict[_Group, torch.Tensor] = {}
+        self._others: dict[str, tuple[Any, ...]] = {}
 
     def start(self) -> None:
-        """Remembers the buffers as they are now."""
-        buffers = _watched(self.model)
-        self._layout, self._before = _layout(buffers), _flatten(buffers)
+        """Remembers the buffers and the attributes' tensors as they are now."""
+        watched, self._others, _ = self._watched()
+        self._layout, self._before = _layout(watched), _flatten(watched)
 
-    def check(self) -> None:
-        """Raises if a buffer was written since :meth:`start` (a new buffer counts; one
-        removed does not: it publishes nothing).
+    def check(self, *, during: str = "forward pass") -> None:
+        """Raises if a buffer or an attribute's tensor was written since :meth:`start` (a new
+        one counts; one removed does not: it publishes nothing). ``during``: what ran since,
+        as the message says it.
 
         Raises:
-          DPVisionError: one line naming the first buffer that changed and the fixes.
+          DPVisionError: one line naming the first buffer or attribute that changed and the
+            fixes (names only, never a value).
         """
-        buffers = _watched(self.model)
-        if _layout(buffers) == self._layout:
-            after = _flatten(buffers)
+        watched, others, names = self._watched()
+        if _layout(watched) == self._layout and self._same_others(others) is None:
+            after = _flatten(watched)
             if all(_identical(self._before[key], flat) for key, flat in after.items()):
                 return
-        name = self._changed(buffers)
-        if name is not None:
-            kind = "buffer" if name in dict(self.model.named_buffers()) else "frozen parameter"
+        key = self._changed(watched)
+        key = key if key is not None else self._same_others(others)
+        if key is None:
+            return
+        if key in names:
             raise DPVisionError(
-                f"{kind} {name!r} of {self.what} changed during a private forward pass: it "
-                "would keep an exact statistic of the private batch (published with the "
-                "model, read by later steps); freeze it (module.eval(), freeze_batchnorm), "
-                "compute it without a buffer, or replace the module (BatchNorm -> GroupNorm)"
+                f"attribute {names[key]!r} of {self.what} changed during a private {during}: "
+                "a tensor kept outside the registered parameters and buffers would "
+                "carry a statistic of the private batch into later steps; keep it a local "
+                "variable of forward, or make constants and caches in __init__ (or by a pass "
+                "on public data before training) and only read them"
             )
+        kind = "buffer" if key in dict(self.model.named_buffers()) else "frozen parameter"
+        raise DPVisionError(
+            f"{kind} {key!r} of {self.what} changed during a private {during}: it "
+            "would keep an exact statistic of the private batch (published with the "
+            "model, read by later steps); freeze it (module.eval(), freeze_batchnorm), "
+            "compute it without a buffer, or replace the module (BatchNorm -> GroupNorm)"
+        )
+
+    def _watched(
+        self,
+    ) -> tuple[list[tuple[str, torch.Tensor]], dict[str, tuple[Any, ...]], dict[str, str]]:
+        """The tensors compared flat (buffers, frozen parameters, then the attributes'
+        tensors, whose keys start with ``@``), the fingerprints of the other values, and the
+        attribute that names each attribute key."""
+        attributes = _Attributes(self.model)
+        names = {f"@{key}": name for key, name in attributes.names.items()}
+        tensors = [(f"@{key}", tensor) for key, tensor in attributes.tensors]
+        others = {f"@{key}": value for key, value in attributes.others}
+        return [*_watched(self.model), *tensors], others, names
+
+    def _same_others(self, others: dict[str, tuple[Any, ...]]) -> str | None:
+        """The first value not compared flat that is new or not as at :meth:`start`."""
+        for key, value in others.items():
+            old = self._others.get(key)
+            if old is None or not _same_fingerprint(old, value):
+                return key
+        return None
 
     def _changed(self, buffers: list[tuple[str, torch.Tensor]]) -> str | None:
         """The first buffer that is new or not bit for bit as at :meth:`start`."""

@@ -40,7 +40,7 @@ import numpy as np
 from dpvision.data import cifar, digits, idx, imagefolder, npzfiles, sources
 from dpvision.data.core import ImageDataset
 from dpvision.data.resize import ImageGeometry
-from dpvision.data.splits import SPLIT_SEED, TEST_FRACTION
+from dpvision.data.splits import SPLIT_SEED, TEST_FRACTION, changed_tree_option
 from dpvision.errors import DPVisionError
 
 __all__ = [
@@ -360,17 +360,12 @@ def resized(dataset: ImageDataset, geometry: ImageGeometry | None) -> ImageDatas
 def check_test_fraction(name: str, test_fraction: float, split_seed: int = SPLIT_SEED) -> None:
     """Refuses a ``test_fraction`` or ``split_seed`` other than the default for a dataset
     they cannot split (all but ``imagefolder:``, whose single tree they split)."""
-    if name.strip().lower().startswith("imagefolder:"):
-        return
-    for option, value, default in (
-        ("test_fraction", test_fraction, TEST_FRACTION),
-        ("split_seed", split_seed, SPLIT_SEED),
-    ):
-        if value != default:
-            raise DPVisionError(
-                f"{option} splits a single imagefolder: tree; {name} has its own test split: "
-                f"leave {option} unset"
-            )
+    option = changed_tree_option(test_fraction, split_seed)
+    if option is not None and not name.strip().lower().startswith("imagefolder:"):
+        raise DPVisionError(
+            f"{option} splits a single imagefolder: tree; {name} has its own test split: "
+            f"leave {option} unset"
+        )
 
 
 def check_image_size(name: str, image_size: object) -> None:

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from dpvision.data.resize import ImageGeometry
-from dpvision.data.splits import SPLIT_SEED, TEST_FRACTION, tree_split
+from dpvision.data.splits import SPLIT_SEED, TEST_FRACTION, changed_tree_option, tree_split
 from dpvision.errors import DPVisionError
 
 __all__ = [
@@ -185,15 +185,12 @@ def _layout(
                 f"{root}/train/<class>/*.png and {root}/test/<class>/*.png (or no train/ and "
                 f"test/ at all: {root}/<class>/*.png, split by test_fraction)"
             )
-    for name, value, default in (
-        ("test_fraction", test_fraction, TEST_FRACTION),
-        ("split_seed", split_seed, SPLIT_SEED),
-    ):
-        if value != default:
-            raise DPVisionError(
-                f"{name} splits a single {root}/<class>/ tree; {root} has its own train/ and "
-                f"test/ folders: leave {name} unset"
-            )
+    option = changed_tree_option(test_fraction, split_seed)
+    if option is not None:
+        raise DPVisionError(
+            f"{option} splits a single {root}/<class>/ tree; {root} has its own train/ and "
+            f"test/ folders: leave {option} unset"
+        )
     classes = _classes(train_dir)
     unknown = sorted(p.name for p in test_dir.iterdir() if p.is_dir() and p.name not in classes)
     if unknown:

@@ -52,6 +52,7 @@ __all__ = [
     "SPLIT_SEED",
     "TEST_FRACTION",
     "TEST_SPLIT",
+    "changed_tree_option",
     "public_split",
     "row_digests",
     "split_coins",
@@ -182,6 +183,20 @@ TEST_FRACTION = 0.2
 SPLIT_SEED = 0
 """The default ``split_seed``: the key of a single tree's test split, fixed and public, apart
 from the run's ``seed`` (a sweep over seeds keeps one test side)."""
+
+
+def changed_tree_option(test_fraction: float, split_seed: int) -> str | None:
+    """The first of ``test_fraction`` and ``split_seed`` not at its default, or ``None``:
+    the options that only a single image tree's split takes.
+
+    >>> changed_tree_option(TEST_FRACTION, 3), changed_tree_option(TEST_FRACTION, SPLIT_SEED)
+    ('split_seed', None)
+    """
+    if test_fraction != TEST_FRACTION:
+        return "test_fraction"
+    return "split_seed" if split_seed != SPLIT_SEED else None
+
+
 TEST_SPLIT = "blake2b-64 keyed 'dpvision test split v1' and split_seed, over class name, file bytes"
 """The definition of a single tree's test split (before ``split_seed`` existed its key was
 the run's ``seed``: ``split_seed = s`` gives the split those runs of ``seed = s`` had)."""

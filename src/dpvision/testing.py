@@ -29,6 +29,7 @@ own training loop under :class:`~dpvision.privacy_engine.PrivacyEngine`
 import copy
 import functools
 import math
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -461,6 +462,9 @@ def assert_same_outcome(run: Run, data: Data, neighbours: Sequence[Data]) -> Out
     return outcome
 
 
+_COUPLING = threading.RLock()
+
+
 @contextmanager
 def coupled_coins() -> Iterator[None]:
     """Within it, a replayable run's coins (Poisson sampling, ``tune``'s K and draws) do not
@@ -473,9 +477,10 @@ def coupled_coins() -> Iterator[None]:
       A testing tool: never around a run whose output is published (two published runs on
       neighbouring data with shared coins compose worse than independent ones).
     """
-    bound = SecretRandomness.coin_key
-    SecretRandomness.coin_key = SecretRandomness.unbound_coin_key  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        SecretRandomness.coin_key = bound  # type: ignore[method-assign]
+    with _COUPLING:  # threads' blocks never interleave, so the class is always restored
+        bound = SecretRandomness.coin_key
+        SecretRandomness.coin_key = SecretRandomness.unbound_coin_key  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            SecretRandomness.coin_key = bound  # type: ignore[method-assign]

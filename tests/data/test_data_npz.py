@@ -131,7 +131,7 @@ def test_dermamnist_train_and_test_only(datafiles: Any) -> None:
 
 def test_dermamnist_labels_out_of_range(datafiles: Any) -> None:
     datafiles.medmnist(datafiles.root / "dermamnist.npz", classes=9)
-    with pytest.raises(DPVisionError, match=r"dermamnist\.npz: train_labels go up to 8"):
+    with pytest.raises(DPVisionError, match=r"dermamnist\.npz: train_labels has labels outside"):
         load_dataset("dermamnist", datafiles.root)
 
 
@@ -150,5 +150,5 @@ def test_the_number_of_classes_is_given_not_read_off_the_labels(tmp_path):
     with pytest.raises(DPVisionError, match="needs its number of classes"):
         load_dataset(f"npz:{path}")
     assert load_dataset(f"npz:{path}", num_classes=10).num_classes == 10
-    with pytest.raises(DPVisionError, match="y_train go up to 2 but this dataset has 2"):
+    with pytest.raises(DPVisionError, match=r"y_train has labels outside \[0, 2\) but"):
         load_dataset(f"npz:{path}", num_classes=2)

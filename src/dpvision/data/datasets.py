@@ -115,8 +115,8 @@ def _load_idx(info: DatasetInfo, data_dir: str | Path | None, download: bool) ->
         images, labels = idx.load_idx_split(files[f"{split}_images"], files[f"{split}_labels"])
         if labels.size and labels.max() >= info.num_classes:
             raise DPVisionError(
-                f"{files[f'{split}_labels']}: labels go up to {labels.max()} but {info.name} has "
-                f"{info.num_classes} classes; replace it with the original file"
+                f"{files[f'{split}_labels']}: labels outside [0, {info.num_classes}) but "
+                f"{info.name} has {info.num_classes} classes; replace it with the original file"
             )
         arrays.extend([images, labels])
     return _make(info, *arrays)

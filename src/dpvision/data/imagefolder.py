@@ -29,6 +29,7 @@ from __future__ import annotations
 # local imports: start-up time (heavy modules are imported in the functions using them)
 import contextlib
 import os
+import threading
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -326,6 +327,9 @@ def _list_images(split_dir: Path, classes: tuple[str, ...]) -> list[tuple[Path, 
     return entries
 
 
+_DECODING = threading.RLock()
+
+
 @contextlib.contextmanager
 def _decoding(image_module: Any) -> Iterator[None]:
     """Decodes as the config says whatever the image holds: Pillow's warnings about one
@@ -333,14 +337,18 @@ def _decoding(image_module: Any) -> Iterator[None]:
     refuses a valid image. A warning or a refusal that one private image brings would tell
     whether it is in the data (issue 48's review); the size every image is brought to is
     the config's ``image_size``."""
-    limit = image_module.MAX_IMAGE_PIXELS
-    image_module.MAX_IMAGE_PIXELS = None
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        image_module.MAX_IMAGE_PIXELS = limit
+    # One decode at a time in this process (dpvision's parallel decoding uses worker
+    # processes): Pillow's limit and the warning filters are process-wide, so blocks of two
+    # threads that overlapped would leave them changed.
+    with _DECODING:
+        limit = image_module.MAX_IMAGE_PIXELS
+        image_module.MAX_IMAGE_PIXELS = None
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                yield
+        finally:
+            image_module.MAX_IMAGE_PIXELS = limit
 
 
 def _open(image_module: Any, path: Path) -> Any:

@@ -252,8 +252,8 @@ def check_labels(
     for labels, key in ((splits[1], keys[0]), (splits[3], keys[1])):
         if labels.size and labels.max() >= num_classes:
             raise DPVisionError(
-                f"{path}: {key} go up to {labels.max()} but this dataset has {num_classes} "
-                f"classes; {fix}"
+                f"{path}: {key} has labels outside [0, {num_classes}) but this dataset has "
+                f"{num_classes} classes; {fix}"
             )
 
 

@@ -10,6 +10,12 @@ therefore never share their noise or their batches when any of these differ (σ 
 removed draws other noise too (:meth:`~dpvision.mechanisms.secret.SecretRandomness.bind_rows`
 over a digest of the loader's dataset). Without a secret seed the call's secret is 256
 fresh bits of OS entropy and none of this is computed.
+
+What ``make_private`` cannot see is not in the context: the training loop that follows
+(the loss given to ``per_example_loss``, a learning rate changed later). Two scripts that
+differ only there draw the same noise under one secret seed, and publishing both gives
+back the difference of their exact releases: reuse a secret seed only to replay the same
+script (docs/guarantees.md).
 """
 
 import hashlib

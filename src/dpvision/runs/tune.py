@@ -247,7 +247,7 @@ def _hidden_runs(
     validation rows, and only its exact count of correct validation examples plus secret
     N(0, σ_v²) leaves it; the runs' log records and warnings are withheld.
     """
-    coins = secret.coins("tune coins")  # K and the draws: the same whatever the rows
+    coins = secret.coins("tune coins")  # K and the draws, keyed by the rows as the noise
     runs = plan.repetitions.sample(coins)
     drawn = [int(coins.integers(len(plan.candidates))) for _ in range(runs)]
     best: tuple[float, int, dict[str, Any], TrainedModel] | None = None

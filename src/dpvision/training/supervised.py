@@ -368,8 +368,8 @@ def rows_trained_on(
         raise DPVisionError(
             f"{what} records the rows it was trained on, matched to this run's rows by "
             "their pixels at their own size, and this run resizes each image as it is decoded "
-            "(image_size): train without image_size, or convert the folder to an npz of one "
-            "size first" + (f" (or set {override} if you accept it)" if override else "")
+            "(image_size): convert the folder to an npz of one size first"
+            + (f" (or set {override} if you accept it)" if override else "")
         )
     labels = np.asarray(labels)
     private = np.arange(len(labels))

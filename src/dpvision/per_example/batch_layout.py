@@ -13,11 +13,25 @@ in every clipped layer's input, and in the model's output, only example 0's rows
 Both passes draw the same random numbers (dropout masks), and the model's buffers are
 restored afterwards.
 
+"Changed" means more than rounding can explain (:func:`rounding_tolerance`). The same row
+computed twice from the same inputs differs only where a kernel summed in another order
+(another algorithm, blocking or thread split); each sum of n terms in unit roundoff u is
+then within λ√n·u·Σ|terms| of the exact value with probability ≥ 1 − 2·exp(−λ²/2) (the
+probabilistic bound of Higham and Mary, 2019), so two evaluations are within twice that.
+The tolerance takes it per row, with Σ|terms| bounded by the row's largest value, n by the
+elements per row of the tensors computed on the way, and u of the least precise arithmetic
+in force (the dtypes, autocast, TF32 or bf16 float32 products), with λ = 8 (≈ 10⁻¹⁴ per
+value). The probe itself runs in IEEE float32 arithmetic with autocast off: the layout of a
+computation does not depend on its precision, and its rounding is then far below what it
+must detect. Mixing is not rounding: the changed example moves other rows by a share of its
+own change, a fixed fraction, however many values a row has.
+
 Privacy:
   Releases nothing; it decides whether book-keeping may be used, from the layout of the
   computation (the same for any data of the same shapes).
 """
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -27,6 +41,13 @@ from torch import nn
 
 from dpvision.errors import DPVisionError
 from dpvision.per_example.layers.base import output_tensors
+from dpvision.per_example.precision import autocast_enabled, exact_arithmetic, float32_roundoff
+
+# λ of the probabilistic rounding bound (module docstring): a false alarm per value has
+# probability below 2·exp(−32) ≈ 2.5e-14.
+ROUNDING_MARGIN = 8.0
+# The unit roundoff of IEEE float32: at or below it, no lower precision is in force.
+EXACT_ROUNDOFF = 2.0**-24
 
 
 class LayoutError(DPVisionError):
@@ -106,11 +127,56 @@ def _run(
     return seen, [t.detach() for t in output_tensors(output)]
 
 
+@contextmanager
+def probe_arithmetic(model: nn.Module, device: torch.device) -> Iterator[None]:
+    """IEEE float32 products and convolutions, and autocast off unless the model has
+    floating parameters below float32 (which run only under it): the precision in which a
+    probe compares rows."""
+    low = any(p.is_floating_point() and p.element_size() < 4 for p in model.parameters())
+    with exact_arithmetic(device, keep_autocast=low):
+        yield
+
+
+def roundoff(model: nn.Module, device: torch.device, *tensors: torch.Tensor) -> float:
+    """The unit roundoff u of the least precise arithmetic that may compute ``model`` on
+    ``device`` here: its floating parameters' and ``tensors``' dtypes, autocast's dtype
+    when it is on, and float32 products in TF32 or bfloat16 where the settings allow it."""
+    dtypes = {t.dtype for t in (*model.parameters(), *model.buffers(), *tensors)}
+    if autocast_enabled(device):
+        dtypes.add(torch.get_autocast_dtype(device.type))
+    units = [
+        float32_roundoff(device) if d == torch.float32 else torch.finfo(d).eps / 2
+        for d in dtypes
+        if d.is_floating_point
+    ]
+    return max(units, default=float32_roundoff(device))
+
+
+def rounding_tolerance(unit: float, length: int) -> float:
+    """How far two evaluations of one value may differ by summation order alone, relative to
+    the largest value of its row: 2λ√n·u (module docstring), for ``length`` = n operations
+    on the way and unit roundoff ``unit`` = u."""
+    return 2 * ROUNDING_MARGIN * math.sqrt(max(1, length)) * unit
+
+
+def row_length(tensor: torch.Tensor) -> int:
+    """The values per row of a tensor (rows first)."""
+    return int(tensor[0].numel()) if tensor.dim() and tensor.shape[0] else 1
+
+
 def mixed_rows(
-    before: torch.Tensor, after: torch.Tensor, views: int, examples: int | list[int] = 0
+    before: torch.Tensor,
+    after: torch.Tensor,
+    views: int,
+    examples: int | list[int] = 0,
+    *,
+    unit: float,
+    length: int,
 ) -> bool:
-    """Whether rows other than those of ``examples`` changed (beyond rounding; a row that
-    became NaN or infinite changed)."""
+    """Whether rows other than those of ``examples`` changed beyond rounding (a row that
+    became NaN or infinite changed): by more than :func:`rounding_tolerance` (``unit``,
+    ``length``, or the dtype's own roundoff if larger) times the row's largest finite
+    value."""
     keep = torch.ones(before.shape[0], dtype=torch.bool, device=before.device)
     for example in [examples] if isinstance(examples, int) else examples:
         keep[example * views : (example + 1) * views] = False
@@ -119,10 +185,19 @@ def mixed_rows(
     if b.numel() == 0:
         return False
     same = (a == b) | (a.isnan() & b.isnan())
-    finite = b[torch.isfinite(b)]
-    scale = float(finite.abs().max()) if finite.numel() else 0.0
-    close = (a - b).abs() <= 1e-6 * scale + 1e-30
-    return not bool((same | close).all())
+    if before.is_floating_point():
+        unit = max(unit, torch.finfo(before.dtype).eps / 2)
+        tiny = torch.finfo(before.dtype).tiny
+    else:
+        unit, tiny = 0.0, 0.0
+    flat_b, flat_a = b.reshape(b.shape[0], -1), a.reshape(a.shape[0], -1)
+    sizes = torch.maximum(
+        torch.nan_to_num(flat_b.abs(), nan=0.0, posinf=0.0).amax(1),
+        torch.nan_to_num(flat_a.abs(), nan=0.0, posinf=0.0).amax(1),
+    )
+    allowed = rounding_tolerance(unit, length) * sizes + tiny
+    close = (flat_a - flat_b).abs() <= allowed[:, None]
+    return not bool((same.reshape_as(close) | close).all())
 
 
 def check_batch_layout(
@@ -132,8 +207,9 @@ def check_batch_layout(
     kwargs: dict[str, Any],
     *,
     views: int = 1,
-) -> None:
-    """Raises :class:`LayoutError` unless each layer's input rows are the examples' own.
+) -> int:
+    """Raises :class:`LayoutError` unless each layer's input rows are the examples' own;
+    returns the values per row the pass computed (the n of :func:`rounding_tolerance`).
 
     Args:
       model: the model whose ``forward(*args, **kwargs)`` is probed (not modified: buffers
@@ -149,20 +225,24 @@ def check_batch_layout(
         raise LayoutError("the model's forward got no tensor of examples (rows first)")
     rows = batch.shape[0]
     if rows < 2 * views:
-        return  # one example: every row is its own
+        return row_length(batch)  # one example: every row is its own
     changed = perturbed(batch, views)
     if changed is None:
-        return
+        return row_length(batch)
     swapped_args = tuple(changed if a is batch else a for a in args)
     swapped_kwargs = {k: changed if v is batch else v for k, v in kwargs.items()}
     buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     try:
-        seen, out = _run(model, layers, args, kwargs, batch.device)
-        seen2, out2 = _run(model, layers, swapped_args, swapped_kwargs, batch.device)
+        with probe_arithmetic(model, batch.device):
+            unit = roundoff(model, batch.device, batch)
+            seen, out = _run(model, layers, args, kwargs, batch.device)
+            seen2, out2 = _run(model, layers, swapped_args, swapped_kwargs, batch.device)
     finally:
         with torch.no_grad():
             for name, b in model.named_buffers():
                 b.copy_(buffers[name])
+    recorded = [t for tensors in seen.values() for t in tensors]
+    length = sum(row_length(t) for t in (batch, *recorded, *out))
     for path, _ in layers:
         where = path or "the root"
         for before, after in zip(seen[path], seen2[path], strict=False):
@@ -175,16 +255,21 @@ def check_batch_layout(
                 )
             if before.shape != after.shape:
                 raise LayoutError(f"the input shape of layer {where} depends on the data")
-            if mixed_rows(before, after, views):
+            if mixed_rows(before, after, views, unit=unit, length=length):
                 raise LayoutError(
                     f"layer {where} mixes examples: its input rows change when another example "
                     "changes (a transposed (T, B, ...) input, or an operation across the batch "
                     "before it); keep the examples first and separate"
                 )
     for before, after in zip(out, out2, strict=False):
-        if before.dim() and before.shape[0] == rows and mixed_rows(before, after, views):
+        if (
+            before.dim()
+            and before.shape[0] == rows
+            and mixed_rows(before, after, views, unit=unit, length=length)
+        ):
             raise LayoutError(
                 "the model's output mixes examples: a row changes when another example changes "
                 "(an operation across the batch, like BatchNorm); per-example clipping needs "
                 "every example's output to depend on that example alone"
             )
+    return length

@@ -163,8 +163,42 @@ def _autocast_types(device: torch.device | str | None) -> list[str]:
     return [kind for kind in types if autocast_enabled(kind)]
 
 
+# Unit roundoff u (half the spacing of 1.0) of the reduced float32 arithmetics.
+_ROUNDOFF = {"ieee": 2.0**-24, "tf32": 2.0**-11, "bf16": 2.0**-8}
+
+
+def float32_roundoff(device: torch.device | str) -> float:
+    """The unit roundoff of float32 products and convolutions on ``device``'s type under
+    the settings in force here: 2⁻²⁴ in IEEE float32, 2⁻¹¹ where TF32 may be used (cuBLAS,
+    cuDNN — convolutions are TF32 by default on CUDA —, matmul precision ``"high"``), 2⁻⁸
+    where bfloat16 may be (matmul precision ``"medium"``, oneDNN's ``bf16``).
+
+    >>> with exact_arithmetic("cpu"):
+    ...     float32_roundoff("cpu") == 2.0**-24
+    True
+    """
+    kind = torch.device(device).type
+    values = {torch.get_float32_matmul_precision()}
+    if _NEW_API:
+        backend = {"cuda": "cuda", "cpu": "mkldnn"}.get(kind)
+        nodes = [_GENERIC] + ([(backend, "all")] if backend else [])
+        nodes += [(backend, op) for op in ("matmul", "conv", "rnn")] if backend else []
+        values |= {_get(node) for node in nodes}
+    elif kind == "cuda":
+        values |= {"tf32"} if torch._C._get_cudnn_allow_tf32() else set()
+    if "medium" in values or "bf16" in values:
+        return _ROUNDOFF["bf16"]
+    if kind == "cuda" and ("high" in values or "tf32" in values):
+        return _ROUNDOFF["tf32"]
+    if "tf32" in values:  # oneDNN's TF32 (on CPUs that have it)
+        return _ROUNDOFF["tf32"]
+    return _ROUNDOFF["ieee"]
+
+
 @contextlib.contextmanager
-def exact_arithmetic(device: torch.device | str | None = None) -> Iterator[None]:
+def exact_arithmetic(
+    device: torch.device | str | None = None, *, keep_autocast: bool = False
+) -> Iterator[None]:
     """A block whose float32 products and convolutions are IEEE float32, not TF32 or bf16.
 
     Turns off, for the block only: TF32 in cuBLAS and cuDNN and bf16 in oneDNN (on torch ≥
@@ -172,8 +206,9 @@ def exact_arithmetic(device: torch.device | str | None = None) -> Iterator[None]
     ``torch.backends.cudnn.allow_tf32`` is False), reduced float32 matmul precision
     (``torch.get_float32_matmul_precision()`` is ``"highest"``, so
     ``torch.backends.cuda.matmul.allow_tf32`` is False), and autocast on ``device``'s type
-    (on the CPU and CUDA when ``device`` is None). Everything is restored as it was on
-    exit, also when the block raises; blocks nest.
+    (on the CPU and CUDA when ``device`` is None; left as it is with ``keep_autocast``,
+    for a model whose low-precision parameters need it). Everything is restored as it was
+    on exit, also when the block raises; blocks nest.
 
     On torch ≥ 2.9 the legacy ``torch.backends.cudnn.allow_tf32`` flag is left alone (the
     kernels read the per-operation precisions; writing the legacy flag would replace
@@ -194,6 +229,6 @@ def exact_arithmetic(device: torch.device | str | None = None) -> Iterator[None]
     """
     with contextlib.ExitStack() as stack:
         stack.enter_context(_ieee_tree() if _NEW_API else _legacy_flags_off())
-        for kind in _autocast_types(device):
+        for kind in [] if keep_autocast else _autocast_types(device):
             stack.enter_context(torch.autocast(kind, enabled=False))
         yield

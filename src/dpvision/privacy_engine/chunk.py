@@ -18,8 +18,9 @@ class Chunk:
     Attributes:
       batch: the logical batch's id; last: whether the chunk ends it.
       rows: its rows (examples × K views).
-      fields: Σ|x| of each row of each of its tensors with one row per example, in float64
-        (the model's input must be one of them, up to a cast).
+      fields: the sizes of each row of each of its tensors with one row per example, in
+        float64 (:func:`~dpvision.privacy_engine.loss.row_sizes`; the model's input must be
+        one of them, up to a cast).
       labels: each field that is one label per row: integers, or one-hot rows (as indices).
       left: whether the loop left the loader (``break``) before stepping on it.
     """
@@ -93,12 +94,20 @@ class Chunk:
 
 
 def _near(given: torch.Tensor, field: torch.Tensor) -> bool:
-    """Whether two rows' sizes agree up to what a cast to another dtype changes (1 %)."""
+    """Whether two rows' sizes (:func:`~dpvision.privacy_engine.loss.row_sizes`) agree up
+    to what a cast between their dtypes changes: a cast to unit roundoff u moves each value
+    by at most u·|x| (plus half a subnormal's spacing), so Σ|x|, max and min move by at most
+    u times their size; both sizes may be casts of the same values, and each float64 sum
+    adds its own rounding."""
     ours, theirs = given.cpu(), field.cpu()
     if ours.shape != theirs.shape:
         return False
-    scale = float(theirs.abs().max()) if theirs.numel() else 0.0
-    return bool(((ours - theirs).abs() <= 1e-2 * theirs.abs() + 1e-6 * scale).all())
+    if ours.numel() == 0:
+        return True
+    unit = ours[:, 3:4] + theirs[:, 3:4]
+    slack = (ours[:, 4:5] + theirs[:, 4:5]) * (1 + theirs[:, 0:1].abs())
+    allowed = unit * theirs[:, :3].abs() + slack
+    return bool(((ours[:, :3] - theirs[:, :3]).abs() <= allowed).all())
 
 
 def _same_labels(seen: torch.Tensor, field: torch.Tensor) -> bool:

@@ -360,12 +360,23 @@ class PerExampleLoss(nn.Module):
 
 
 def row_sizes(batch: torch.Tensor) -> torch.Tensor:
-    """(Σ|x|, max x, min x) of each row of a tensor, in float64: what a step compares
+    """(Σ|x|, max x, min x, u, a) of each row of a tensor, in float64: what a step compares
     between the model's inputs and the fields of the rows the private data loader yielded
-    (a cast keeps each within about 1 %; a sign flip or a batch statistic does not)."""
+    (a cast moves each by at most its rounding; a sign flip or a batch statistic does not).
+    u is the unit roundoff of the tensor's dtype (0 if it holds integers) and a the most a
+    cast to it moves Σ|x| beyond u·Σ|x| (subnormals; the float64 sum's own rounding)."""
     with torch.no_grad():
         rows = batch.detach().flatten(1) if batch.dim() > 1 else batch.detach()[:, None]
+        n = rows.shape[1]
+        unit, floor = 0.0, 0.0
+        if batch.is_floating_point() or batch.is_complex():
+            info = torch.finfo(batch.dtype)
+            unit = info.eps / 2
+            floor = n * unit * info.smallest_normal
         rows = rows.to(torch.float64)
-        if rows.shape[1] == 0:
-            return rows.new_zeros(rows.shape[0], 3)
-        return torch.stack([rows.abs().sum(1), rows.amax(1), rows.amin(1)], 1)
+        if n == 0:
+            return rows.new_zeros(rows.shape[0], 5)
+        sizes = [rows.abs().sum(1), rows.amax(1), rows.amin(1)]
+        floor += n * torch.finfo(torch.float64).eps  # relative: scaled by Σ|x| in _near
+        extra = torch.tensor([unit, floor], dtype=torch.float64, device=rows.device)
+        return torch.cat([torch.stack(sizes, 1), extra.expand(rows.shape[0], 2)], 1)

@@ -1,6 +1,7 @@
 """The user's module wrapped with the hooks that per-example clipping needs (Opacus'
 ``GradSampleModule``)."""
 
+import contextlib
 import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -11,10 +12,14 @@ from torch import nn
 
 from dpvision.errors import DPVisionError
 from dpvision.per_example.batch_layout import (
+    EXACT_ROUNDOFF,
     batch_tensor,
     check_batch_layout,
     mixed_rows,
     perturbed,
+    probe_arithmetic,
+    roundoff,
+    row_length,
     signature,
 )
 from dpvision.per_example.bookkeeping import trainable_params
@@ -65,7 +70,7 @@ class PrivateModule(nn.Module):
         self._tape = tape
         self.views = views
         self._gate = gate if gate is not None else OutputGate("mean")
-        self._checked: set[Any] = set()
+        self._checked: dict[Any, int] = {}  # signature → values per row of its pass
         self._same_examples = False
         self._buffer_watch = BufferWatch(module, what="the module")
         self._check_queued = False
@@ -100,8 +105,9 @@ class PrivateModule(nn.Module):
         self._buffer_watch.start()
         key = signature(self._module, args, kwargs)
         if key not in self._checked and rows >= 2 * self.views:
-            check_batch_layout(self._module, self._tape.layers, args, kwargs, views=self.views)
-            self._checked.add(key)
+            self._checked[key] = check_batch_layout(
+                self._module, self._tape.layers, args, kwargs, views=self.views
+            )
             self._tape.capture_parameter_grads(trainable_params(self._module))
         # Every tensor argument is compared with the loader's fields at the step (every pass
         # over the same examples): batch statistics passed as arguments are not the data.
@@ -119,7 +125,8 @@ class PrivateModule(nn.Module):
         output = self._module(*args, **kwargs)
         self._buffer_watch.check()
         if rows >= 2 * self.views:  # sizes[0]: the batch's, the first tensor argument
-            self._check_rows_apart(args, kwargs, output, state, sizes[0][:, 0])
+            length = self._checked[key] + sum(map(row_length, output_tensors(output)))
+            self._check_rows_apart(args, kwargs, output, state, sizes[0][:, 0], length)
         self._gate.inputs.setdefault(len(self._tape.pass_rows) - 1, []).extend(sizes)
         gated = self._gate.gated(output, rows, len(self._tape.pass_rows) - 1)
         for tensor in _grad_tensors(gated):  # the watch again when the backward pass ends
@@ -167,10 +174,17 @@ class PrivateModule(nn.Module):
         output: Any,
         state: Any,
         row_size: torch.Tensor,
+        length: int,
     ) -> None:
         """Refuses this pass if, run again from its random state with one example changed,
         an output row of another example changes (see the class docstring). ``row_size``:
-        Σ|x| of each row of the batch."""
+        Σ|x| of each row of the batch; ``length``: the values per row the pass computes (the
+        n of the rounding tolerance, :func:`~dpvision.per_example.batch_layout.mixed_rows`).
+
+        In IEEE float32 (or float64) the pass's own output is compared with the re-run. In a
+        lower precision (autocast, TF32 or bf16 float32 products), whose rounding could hide
+        mixing, both are re-run in IEEE float32 (the layout probe's arithmetic) from the
+        pass's random state: one forward pass more, without gradients."""
         batch = batch_tensor(args, kwargs)
         assert batch is not None
         # The example of largest size changed by several times its size, and (from three
@@ -218,19 +232,31 @@ class PrivateModule(nn.Module):
             swapped_args = tuple(drop(a) for a in swapped_args)
             swapped_kwargs = {k: drop(v) for k, v in swapped_kwargs.items()}
         after = _random_state(batch.device)
+        unit = roundoff(self._module, batch.device, batch)
         try:
+            reference = output
+            arithmetic: Any = contextlib.nullcontext()
+            if unit > EXACT_ROUNDOFF:
+                arithmetic = probe_arithmetic(self._module, batch.device)
+                _set_random_state(batch.device, state)
+                with torch.no_grad(), self._tape.paused(), arithmetic:
+                    unit = roundoff(self._module, batch.device, batch)
+                    reference = self._module(*args, **kwargs)
+                arithmetic = probe_arithmetic(self._module, batch.device)
             _set_random_state(batch.device, state)
-            with torch.no_grad(), self._tape.paused():
+            with torch.no_grad(), self._tape.paused(), arithmetic:
                 again = self._module(*swapped_args, **swapped_kwargs)
         finally:
             _set_random_state(batch.device, after)
         self._buffer_watch.check()  # the extra pass may not write a buffer either
         examples = [e - int(dropped is not None and e > dropped) for e in changed_examples]
-        for before, moved in zip(output_tensors(output), output_tensors(again), strict=False):
+        for before, moved in zip(output_tensors(reference), output_tensors(again), strict=False):
             if not (before.dim() and before.shape[0] == rows):
                 continue
             before = before.detach() if keep is None else before.detach()[keep]
-            if before.shape == moved.shape and mixed_rows(before, moved, self.views, examples):
+            if before.shape == moved.shape and mixed_rows(
+                before, moved, self.views, examples, unit=unit, length=length
+            ):
                 self._tape.clear()
                 raise DPVisionError(
                     "the model mixed examples in this pass: an output row of another "

@@ -50,7 +50,8 @@ def test_round_trip_gaussian(target_epsilon, delta, steps):
     _round_trip("gaussian", target_epsilon, delta, 1.0, steps)
 
 
-@settings(max_examples=3, deadline=None, derandomize=True)  # and the grid's corners below
+@pytest.mark.slow  # the grid's corners below run by default; 100 draws in the extended test
+@settings(max_examples=3, deadline=None, derandomize=True)
 @given(**_GRID)
 def test_round_trip_pld(target_epsilon, delta, sample_rate, steps):
     _round_trip("pld", target_epsilon, delta, sample_rate, steps)

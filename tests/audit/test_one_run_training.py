@@ -89,6 +89,7 @@ def test_passes_clipped_together_is_a_real_bug_that_one_run_does_not_see():
                 torch.nn.functional.cross_entropy(model(x[part]), y[part]).backward()
             optimizer.step()
 
+    torch.manual_seed(0)  # the model and data (the global stream is the previous test's)
     model = torch.nn.Sequential(
         torch.nn.Linear(4, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3)
     ).double()

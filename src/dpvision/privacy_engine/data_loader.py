@@ -1,10 +1,11 @@
 """Poisson batches of the user's dataset, cut into physical chunks and augmented."""
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, default_collate
 
 from dpvision.data.augment import apply_views, keyed_views
 from dpvision.data.splits import row_digests
@@ -232,3 +233,47 @@ def loader_sample_rate(data_loader: DataLoader[Any]) -> tuple[float, int]:
     if batch_size > num_examples:
         raise DPVisionError(f"batch_size {batch_size} exceeds the {num_examples} examples")
     return batch_size / num_examples, num_examples
+
+
+def private_data_loader(
+    data_loader: DataLoader[Any],
+    optimizer: DPOptimizer,
+    sampler_key: bytes,
+    *,
+    secure: bool,
+    views: int,
+    max_physical_batch_size: int | None,
+    augment_seed: int | None,
+) -> DPDataLoader:
+    """The private data loader: Poisson batches drawn from the secret ``sampler_key``
+    (or the operating system's CSPRNG when ``secure``), split into physical chunks, K views
+    each.
+
+    Privacy:
+      The batches are Poisson samples at the loader's rate q from randomness the
+      adversary cannot replay; ``augment_seed`` (public) draws only the views.
+    """
+    sample_rate, num_examples = loader_sample_rate(data_loader)
+    sampler = PoissonSampler(
+        num_examples=num_examples,
+        sample_rate=sample_rate,
+        steps=1,
+        seed=int.from_bytes(sampler_key, "little"),
+        secure=secure,
+    )
+    poisson_loader = DataLoader(
+        data_loader.dataset,
+        batch_sampler=PoissonBatches(sampler, math.ceil(1 / sample_rate)),
+        collate_fn=EmptySafeCollate(data_loader.collate_fn or default_collate, data_loader.dataset),
+        num_workers=data_loader.num_workers,
+        pin_memory=data_loader.pin_memory,
+    )
+    return DPDataLoader(
+        poisson_loader,
+        optimizer,
+        sample_rate=sample_rate,
+        views=views,
+        max_physical_batch_size=max_physical_batch_size,
+        augment=augment_seed is not None,
+        generator=torch.Generator().manual_seed(augment_seed or 0),
+    )

@@ -8,16 +8,13 @@ the code and every published byte.
 """
 
 import math
-from collections import OrderedDict
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, default_collate
+from torch.utils.data import DataLoader
 
 from dpvision.accounting import (
-    LedgerEntry,
     PrivacyLedger,
     calibrate_noise_multiplier,
     parse_accountant,
@@ -25,14 +22,12 @@ from dpvision.accounting import (
 from dpvision.accounting.accountants import Accountant
 from dpvision.averaging import ParameterEMA
 from dpvision.errors import DPVisionError
-from dpvision.mechanisms import PoissonSampler
-from dpvision.mechanisms.clip_policy import CLIP_POLICIES, ClipPolicy, make_clip_policy
+from dpvision.mechanisms.clip_policy import ClipPolicy, make_clip_policy
 from dpvision.mechanisms.gradient_release import GradientRelease, ReleaseContext
 from dpvision.mechanisms.noise import NoiseGenerator
 from dpvision.mechanisms.secret import SecretRandomness
-from dpvision.models import validate_model
-from dpvision.per_example.bookkeeping import unsupported_layers
 from dpvision.per_example.tape import ActivationTape
+from dpvision.privacy_engine.accountant import LedgerAccountant
 from dpvision.privacy_engine.checkpoint import (
     CheckpointPath,
     checkpoint_contents,
@@ -43,18 +38,19 @@ from dpvision.privacy_engine.checkpoint import (
 )
 from dpvision.privacy_engine.data_loader import (
     DPDataLoader,
-    EmptySafeCollate,
-    PoissonBatches,
     loader_sample_rate,
+    private_data_loader,
 )
 from dpvision.privacy_engine.loss import OutputGate
 from dpvision.privacy_engine.module import PrivateModule
 from dpvision.privacy_engine.optimizer import DPOptimizer
+from dpvision.privacy_engine.preparation import (
+    augment_seed,
+    check_module,
+    check_options,
+    prepare_criterion,
+)
 from dpvision.privacy_engine.secret_context import call_noise, call_secret
-
-LOSS_REDUCTIONS = ("mean", "sum")
-# Opacus' ways of computing per-sample gradients; dpvision's rules serve them all.
-GRAD_SAMPLE_MODES = ("hooks", "functorch", "ew", "ghost")
 
 
 class PrivacyEngine:
@@ -208,7 +204,7 @@ class PrivacyEngine:
         # With a secret_seed, the streams are keyed by everything this call is: its
         # arguments, the optimizer, the initial parameters, the rows (secret_context).
         arguments = dict(locals())
-        _check_options(
+        check_options(
             clipping=clipping,
             grad_sample_mode=grad_sample_mode,
             batch_first=batch_first,
@@ -219,8 +215,8 @@ class PrivacyEngine:
             ema_decay=ema_decay,
             max_physical_batch_size=max_physical_batch_size,
         )
-        criterion = _prepare_criterion(criterion, loss_reduction)
-        _check_module(module, optimizer)
+        criterion = prepare_criterion(criterion, loss_reduction)
+        check_module(module, optimizer)
         sample_rate, num_examples = loader_sample_rate(data_loader)
         release = GradientRelease(
             noise_multiplier=noise_multiplier,
@@ -258,7 +254,7 @@ class PrivacyEngine:
             secret.coin_key(f"sampler {call}"),
             views=views,
             max_physical_batch_size=max_physical_batch_size,
-            augment_seed=_augment_seed(seed) if augmult > 0 else None,
+            augment_seed=augment_seed(seed) if augmult > 0 else None,
         )
         self.optimizer = dp_optimizer
         private = PrivateModule(module, dp_optimizer.tape, views, dp_optimizer.gate)
@@ -339,38 +335,17 @@ class PrivacyEngine:
         max_physical_batch_size: int | None,
         augment_seed: int | None,
     ) -> DPDataLoader:
-        """The private data loader: Poisson batches drawn from the secret ``sampler_key``
-        (or the CSPRNG in secure mode), split into physical chunks, K views each.
-
-        Privacy:
-          The batches are Poisson samples at the loader's rate q from randomness the
-          adversary cannot replay; ``augment_seed`` (public) draws only the views.
-        """
-        sample_rate, num_examples = loader_sample_rate(data_loader)
-        sampler = PoissonSampler(
-            num_examples=num_examples,
-            sample_rate=sample_rate,
-            steps=1,
-            seed=int.from_bytes(sampler_key, "little"),
-            secure=self.secure_mode,
-        )
-        poisson_loader = DataLoader(
-            data_loader.dataset,
-            batch_sampler=PoissonBatches(sampler, math.ceil(1 / sample_rate)),
-            collate_fn=EmptySafeCollate(
-                data_loader.collate_fn or default_collate, data_loader.dataset
-            ),
-            num_workers=data_loader.num_workers,
-            pin_memory=data_loader.pin_memory,
-        )
-        return DPDataLoader(
-            poisson_loader,
+        """:func:`~dpvision.privacy_engine.data_loader.private_data_loader` of
+        ``data_loader``, drawing from the secret ``sampler_key`` (or the CSPRNG in secure
+        mode)."""
+        return private_data_loader(
+            data_loader,
             optimizer,
-            sample_rate=sample_rate,
+            sampler_key,
+            secure=self.secure_mode,
             views=views,
             max_physical_batch_size=max_physical_batch_size,
-            augment=augment_seed is not None,
-            generator=torch.Generator().manual_seed(augment_seed or 0),
+            augment_seed=augment_seed,
         )
 
     def make_private_with_epsilon(
@@ -512,161 +487,3 @@ REPLAY = (
     "a checkpoint and secret_seed (or a noise_generator) together would draw the first steps' "
     "noise again for the resumed steps: resume without them (fresh OS entropy, the default)"
 )
-
-
-class LedgerAccountant:
-    """What Opacus code reads as ``privacy_engine.accountant``: ε of the engine's ledger.
-
-    Unlike Opacus' accountants it keeps no history of its own: the ledger of the steps that
-    ran is the only input, so ``get_epsilon`` can never disagree with ``engine.ledger``;
-    :attr:`history` is the ledger in Opacus' form.
-    """
-
-    def __init__(self, kind: Accountant, ledger: PrivacyLedger) -> None:
-        self.kind, self.ledger = kind, ledger
-
-    def get_epsilon(self, delta: float, **_: object) -> float:
-        """ε at ``delta`` (Opacus' extra keywords, e.g. ``eps_error``, are accepted and
-        ignored: the accountant's own tolerance applies)."""
-        return self.ledger.epsilon(delta, accountant=self.kind)
-
-    def mechanism(self) -> str:
-        """The accountant's name (``pld``, ``rdp`` or ``classic-rdp``), as Opacus'."""
-        return str(self.kind.value)
-
-    def __len__(self) -> int:
-        """The number of noisy steps accounted (Opacus: the length of the history)."""
-        return int(self.ledger.total_count)
-
-    @property
-    def history(self) -> list[tuple[float, float, int]]:
-        """Opacus' ``accountant.history``: ``(noise_multiplier, sample_rate, num_steps)``
-        for each run of consecutive steps with the same σ and q, in order (read-only: a
-        view of the ledger, which records the steps)."""
-        out: list[tuple[float, float, int]] = []
-        for entry in self.ledger:
-            if not isinstance(entry, LedgerEntry):  # only tune records selections
-                raise DPVisionError(f"{entry.released!r} has no (σ, q, steps) form")
-            if out and out[-1][:2] == (entry.noise_multiplier, entry.sample_rate):
-                out[-1] = (*out[-1][:2], out[-1][2] + entry.count)
-            else:
-                out.append((entry.noise_multiplier, entry.sample_rate, entry.count))
-        return out
-
-    def state_dict(self) -> "OrderedDict[str, Any]":
-        """Opacus' accountant ``state_dict``: ``history`` and ``mechanism``, plus the
-        ``ledger`` itself (what each step released and its sensitivity)."""
-        return OrderedDict(
-            history=self.history, mechanism=self.mechanism(), ledger=self.ledger.to_dict()
-        )
-
-    def check_fresh(self) -> None:
-        """Refuses to load over steps already accounted: they would drop out of ε."""
-        if len(self.ledger):
-            raise DPVisionError(
-                f"this engine has already accounted {self.ledger.total_count} steps, which "
-                "loading a state would drop from ε: load the checkpoint into a new "
-                "PrivacyEngine before training"
-            )
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Opacus' ``load_state_dict``: the steps of a :meth:`state_dict` (or of an Opacus
-        accountant's, from its ``history``) become this engine's ledger, so ε continues
-        from them. Any accountant's state loads (the steps are the same for all); into an
-        engine that already accounted steps it is refused."""
-        self.check_fresh()
-        if not isinstance(state_dict, dict) or "history" not in state_dict:
-            raise DPVisionError("not an accountant state_dict: it has no 'history'")
-        if "ledger" in state_dict:
-            loaded = PrivacyLedger.from_dict(state_dict["ledger"])
-        else:  # an Opacus accountant's: (σ, q, steps) triples
-            loaded = PrivacyLedger()
-            try:
-                for sigma, rate, steps in state_dict["history"]:
-                    loaded.record(
-                        noise_multiplier=sigma,
-                        sample_rate=rate,
-                        count=steps,
-                        released="DP-SGD gradient sum (from an accountant's history)",
-                    )
-            except (TypeError, ValueError) as error:
-                raise DPVisionError(f"malformed accountant history: {error}") from None
-        self.ledger.extend(loaded)
-
-
-def _check_options(
-    *,
-    clipping: str,
-    grad_sample_mode: str,
-    batch_first: bool,
-    poisson_sampling: bool,
-    noise_multiplier: float,
-    loss_reduction: str,
-    augmult: int,
-    ema_decay: float | None,
-    max_physical_batch_size: int | None,
-) -> None:
-    """Refuses, in one line, an argument of ``make_private`` dpvision does not take."""
-    if clipping not in CLIP_POLICIES:
-        raise DPVisionError(
-            f"clipping={clipping!r} is not offered: choose clipping='flat' (each example's "
-            "whole gradient clipped to max_grad_norm), 'per_layer' or 'adaptive'"
-        )
-    if grad_sample_mode not in GRAD_SAMPLE_MODES:
-        raise DPVisionError(
-            f"unknown grad_sample_mode {grad_sample_mode!r}; choose one of "
-            f"{', '.join(GRAD_SAMPLE_MODES)} (all clip alike here)"
-        )
-    if not batch_first:
-        raise DPVisionError(
-            "batch_first=False is not offered: keep the examples first in every layer"
-        )
-    if not poisson_sampling:
-        raise DPVisionError(
-            "poisson_sampling=False is not offered: the privacy accounting assumes Poisson "
-            "sampling, which the private data loader provides"
-        )
-    if not (math.isfinite(noise_multiplier) and noise_multiplier >= 0):
-        raise DPVisionError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
-    if loss_reduction not in LOSS_REDUCTIONS:
-        raise DPVisionError(f"loss_reduction must be 'mean' or 'sum', got {loss_reduction!r}")
-    if isinstance(augmult, bool) or not isinstance(augmult, int) or augmult < 0:
-        raise DPVisionError(f"augmult must be an integer >= 0, got {augmult!r}")
-    if ema_decay is not None and not 0 <= ema_decay < 1:
-        raise DPVisionError(f"ema_decay must be in [0, 1) or None, got {ema_decay}")
-    if max_physical_batch_size is not None and max_physical_batch_size < 1:
-        raise DPVisionError(f"max_physical_batch_size must be >= 1, got {max_physical_batch_size}")
-
-
-def _prepare_criterion(criterion: nn.Module | None, loss_reduction: str) -> nn.Module:
-    """The loss (default: cross-entropy), whose reduction must agree with ``loss_reduction``."""
-    if criterion is None:
-        criterion = nn.CrossEntropyLoss(reduction=loss_reduction)
-    reduction = getattr(criterion, "reduction", loss_reduction)
-    if reduction not in (loss_reduction, "none"):
-        raise DPVisionError(
-            f"the criterion reduces by {reduction!r} but loss_reduction is "
-            f"{loss_reduction!r}; they must agree"
-        )
-    return criterion
-
-
-def _check_module(module: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Refuses a module a rule refuses (BatchNorm in training mode, ...) and an optimizer
-    over parameters that are not the module's trainable ones (updated without privacy)."""
-    validate_model(module)
-    problems = unsupported_layers(module)
-    if problems:
-        raise DPVisionError(f"make_private does not support {problems[0]}")
-    trainable = {id(p) for p in module.parameters() if p.requires_grad}
-    if any(id(p) not in trainable for g in optimizer.param_groups for p in g["params"]):
-        raise DPVisionError(
-            "the optimizer holds parameters that are not trainable parameters of the module; "
-            "they would be updated without privacy"
-        )
-
-
-def _augment_seed(seed: int | None) -> int:
-    """The augmentation's seed from the public ``seed``: the adversary may know it, so it
-    draws only the augmentation."""
-    return int(np.random.SeedSequence(seed).generate_state(1, np.uint64)[0] >> np.uint64(1))

@@ -17,6 +17,7 @@ from features_testing import isolate_cache, make_dataset, one_torch_thread
 from dpvision.features import (
     ENV_CACHE,
     FeatureSpec,
+    cache_files,
     default_cache_dir,
     extract_features,
     extractors,
@@ -300,9 +301,9 @@ def test_unusable_cache_folder_falls_back_to_memory(caplog, tmp_path):
 
 def test_refused_cache_file_falls_back_to_memory(monkeypatch, caplog, isolated_cache):
     def refuse(path, shape):
-        raise cache_module._CacheWriteError(str(path)) from OSError(28, "No space left on device")
+        raise cache_files.CacheWriteError(str(path)) from OSError(28, "No space left on device")
 
-    monkeypatch.setattr(cache_module, "_create_memmap", refuse)
+    monkeypatch.setattr(cache_files, "create_memmap", refuse)
     dataset = make_dataset()
     with caplog.at_level(logging.WARNING, logger="dpvision.features.cache"):
         train, _ = load_or_extract(dataset, PIXELS, progress=False)
@@ -375,11 +376,11 @@ def test_a_corrupt_entry_logs_its_folder_and_no_digest_of_the_data(caplog, isola
 
 def test_a_refused_cache_write_logs_no_file_name(monkeypatch, caplog, isolated_cache):
     def refuse(path, shape):
-        raise cache_module._CacheWriteError(str(path)) from OSError(
+        raise cache_files.CacheWriteError(str(path)) from OSError(
             28, "No space left on device", str(path)
         )
 
-    monkeypatch.setattr(cache_module, "_create_memmap", refuse)
+    monkeypatch.setattr(cache_files, "create_memmap", refuse)
     dataset = make_dataset()
     with caplog.at_level(logging.DEBUG, logger="dpvision"):
         load_or_extract(dataset, PIXELS, progress=False)

@@ -33,18 +33,14 @@ data.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import errno
 import hashlib
 import importlib.metadata
 import json
 import logging
 import os
 import re
-import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +50,14 @@ from dpvision.data.core import ImageDataset
 from dpvision.data.datasets import PATH_PREFIXES, same_dataset
 from dpvision.features import extractors
 from dpvision.features.backbone import encoder_digest, feature_source
+from dpvision.features.cache_files import (
+    SPLITS,
+    CacheWriteError,
+    read_entry,
+    reason,
+    remove_stale_temporaries,
+    write_entry,
+)
 from dpvision.features.extractors import FEATURE_VERSION, feature_shape
 from dpvision.features.spec import ENCODER_ONLY, NETWORK_FEATURES, FeatureSpec
 
@@ -72,8 +76,6 @@ logger = logging.getLogger(__name__)
 ENV_CACHE = "DPVISION_CACHE"
 """Environment variable naming the feature cache folder."""
 
-_SPLITS = ("train", "test")
-_STALE_SECONDS = 3600.0
 """Age after which an orphaned temporary file is deleted by the next write."""
 
 
@@ -101,7 +103,7 @@ def dataset_fingerprint(dataset: ImageDataset) -> str:
         not a release. Like the cached features, treat it as private.
     """
     hasher = hashlib.sha256()
-    for split in _SPLITS:
+    for split in SPLITS:
         images: np.ndarray = getattr(dataset, f"{split}_images")
         hasher.update(f"{split}:{images.dtype.str}:{images.shape};".encode())
         hasher.update(np.ascontiguousarray(images).data)
@@ -275,7 +277,7 @@ def load_or_extract(
     key = cache_key(dataset, spec)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
     stem = f"{_slug(dataset.name)}-{spec.name}-{digest[:24]}"
-    cached = _read_entry(folder, stem, digest)
+    cached = read_entry(folder, stem, digest)
     if cached is not None:
         return cached
 
@@ -292,7 +294,7 @@ def load_or_extract(
 
     shapes = {
         split: (len(getattr(dataset, f"{split}_images")), *feature_shape(dataset.image_shape, spec))
-        for split in _SPLITS
+        for split in SPLITS
     }
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -300,166 +302,19 @@ def load_or_extract(
         logger.warning(
             "cannot create the feature cache folder %s (%s); extracting without caching",
             folder,
-            _reason(error),
+            reason(error),
         )
         return _extract_in_memory(shapes, extract)
-    _remove_stale_temporaries(folder, stem)
+    remove_stale_temporaries(folder, stem)
     try:
-        return _write_entry(folder, stem, key, digest, shapes, extract)
-    except _CacheWriteError as error:
+        return write_entry(folder, stem, key, digest, shapes, extract)
+    except CacheWriteError as error:
         logger.warning(
             "cannot write the feature cache in %s (%s); extracting without caching",
             folder,
-            _reason(error.__cause__ or error),
+            reason(error.__cause__ or error),
         )
         return _extract_in_memory(shapes, extract)
-
-
-class _CacheWriteError(Exception):
-    """A cache file could not be created, reserved, synced or renamed (not an extraction
-    error: those propagate unchanged)."""
-
-
-class _CorruptEntryError(Exception):
-    """An entry that cannot be used; its message is one of a few fixed texts."""
-
-
-def _read_entry(folder: Path, stem: str, digest: str) -> tuple[np.ndarray, np.ndarray] | None:
-    """Loads a complete, consistent entry, or returns ``None`` (warning if it is corrupt).
-
-    Privacy: the warning names the cache folder and the kind of failure only, never the
-    entry (its name holds a digest of the private images), a file or a shape.
-    """
-    meta_path = folder / f"{stem}.json"
-    if not meta_path.is_file():
-        return None
-    try:
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except ValueError:
-            raise _CorruptEntryError("its JSON is garbled") from None
-        if not isinstance(meta, dict) or meta.get("digest") != digest:
-            raise _CorruptEntryError("its JSON describes another entry")
-        arrays = []
-        for split in _SPLITS:
-            try:
-                expected = tuple(int(size) for size in meta[split]["shape"])
-            except (KeyError, TypeError, ValueError):
-                raise _CorruptEntryError("its JSON lacks the arrays' shapes") from None
-            try:
-                array = np.load(folder / f"{stem}.{split}.npy", mmap_mode="r", allow_pickle=False)
-            except (ValueError, EOFError):
-                raise _CorruptEntryError(f"its {split} array is truncated or garbled") from None
-            if array.shape != expected or array.dtype != np.float32:
-                raise _CorruptEntryError(f"its {split} array does not match its JSON")
-            arrays.append(array)
-    except (_CorruptEntryError, OSError) as error:
-        logger.warning(
-            "a feature cache entry in %s is corrupt (%s); extracting the features again",
-            folder,
-            _reason(error),
-        )
-        return None
-    return arrays[0], arrays[1]
-
-
-def _write_entry(
-    folder: Path,
-    stem: str,
-    key: dict[str, Any],
-    digest: str,
-    shapes: dict[str, tuple[int, ...]],
-    extract: Callable[[str, np.ndarray], None],
-) -> tuple[np.ndarray, np.ndarray]:
-    """Extracts both splits into temporary files, then renames them into place, JSON last.
-
-    Raises:
-        _CacheWriteError: If the file system refuses a cache file; errors of the extraction
-            itself propagate unchanged.
-    """
-    # Without its JSON an entry is incomplete: nothing reads the arrays while they change.
-    try:
-        (folder / f"{stem}.json").unlink(missing_ok=True)
-    except OSError as error:
-        raise _CacheWriteError(str(folder / f"{stem}.json")) from error
-    started = time.perf_counter()
-    for split in _SPLITS:
-        with _atomic_file(folder, folder / f"{stem}.{split}.npy") as temporary:
-            out = _create_memmap(temporary, shapes[split])
-            extract(split, out)
-            out.flush()
-            del out
-    meta = {
-        "digest": digest,
-        "key": key,
-        "extract_seconds": round(time.perf_counter() - started, 3),
-        **{split: {"shape": list(shapes[split]), "dtype": "float32"} for split in _SPLITS},
-    }
-    meta_path = folder / f"{stem}.json"
-    with _atomic_file(folder, meta_path) as temporary:
-        temporary.write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    _fsync_folder(folder)
-    entry = _read_entry(folder, stem, digest)
-    if entry is None:  # the files were just written: only a failing disk gets here
-        raise _CacheWriteError(folder / stem) from _CorruptEntryError("it could not be read back")
-    return entry
-
-
-@contextlib.contextmanager
-def _atomic_file(folder: Path, target: Path) -> Iterator[Path]:
-    """Yields a temporary path in ``folder``; on success fsyncs it and renames it to ``target``.
-
-    On any exception (including ``KeyboardInterrupt``) the temporary file is deleted and
-    ``target`` is left as it was.
-
-    Raises:
-        _CacheWriteError: If the file system refuses the temporary file, the sync or the rename.
-    """
-    try:
-        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
-        os.close(fd)
-    except OSError as error:
-        raise _CacheWriteError(str(target)) from error
-    temporary = Path(name)
-    try:
-        yield temporary
-        try:
-            with open(temporary, "rb+") as handle:
-                os.fsync(handle.fileno())
-            os.replace(temporary, target)
-        except OSError as error:
-            raise _CacheWriteError(str(target)) from error
-    finally:
-        temporary.unlink(missing_ok=True)
-
-
-def _create_memmap(path: Path, shape: tuple[int, ...]) -> np.memmap[Any, np.dtype[np.float32]]:
-    """Creates a ``float32`` ``.npy`` file of ``shape`` at ``path``, memory-mapped for writing.
-
-    Its disk blocks are allocated up front, so a full disk is an error here rather than a
-    ``SIGBUS`` while the map is being filled.
-
-    Raises:
-        _CacheWriteError: If the file cannot be created or its space reserved.
-    """
-    try:
-        out = np.lib.format.open_memmap(path, mode="w+", dtype=np.float32, shape=shape)
-        if hasattr(os, "posix_fallocate"):
-            with open(path, "rb+") as handle:
-                try:
-                    os.posix_fallocate(handle.fileno(), 0, path.stat().st_size)
-                except OSError as error:
-                    if error.errno not in _FALLOCATE_UNSUPPORTED:
-                        raise
-    except OSError as error:
-        raise _CacheWriteError(str(path)) from error
-    return out
-
-
-_FALLOCATE_UNSUPPORTED = frozenset(
-    getattr(errno, name) for name in ("EOPNOTSUPP", "ENOTSUP", "EINVAL") if hasattr(errno, name)
-)
-"""errno values meaning the file system cannot preallocate (then the write goes ahead)."""
 
 
 def _extract_in_memory(
@@ -467,30 +322,11 @@ def _extract_in_memory(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Extracts both splits into ordinary arrays (the fallback when nothing can be cached)."""
     arrays = []
-    for split in _SPLITS:
+    for split in SPLITS:
         out = np.empty(shapes[split], dtype=np.float32)
         extract(split, out)
         arrays.append(out)
     return arrays[0], arrays[1]
-
-
-def _remove_stale_temporaries(folder: Path, stem: str) -> None:
-    """Deletes this entry's temporary files left more than an hour ago by a killed writer."""
-    deadline = time.time() - _STALE_SECONDS
-    for path in folder.glob(f".{stem}.*.tmp"):
-        with contextlib.suppress(OSError):
-            if path.stat().st_mtime < deadline:
-                path.unlink()
-
-
-def _fsync_folder(folder: Path) -> None:
-    """Makes the renames durable (best effort: not every platform can open a folder)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _kymatio_version() -> str | None:
@@ -505,18 +341,3 @@ def _slug(name: str) -> str:
     """A short file-name-safe form of a dataset name (the digest keeps entries apart)."""
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._-")[:40]
     return slug or "dataset"
-
-
-def _reason(error: BaseException) -> str:
-    """What went wrong, on one line, without a file name: an ``OSError``'s ``strerror``
-    (its ``str`` names the file, whose name holds a digest of the private images), or the
-    fixed text of this module's own errors.
-
-    >>> _reason(OSError(28, "No space left on device", "/cache/x-pixels-0123abcd.json"))
-    'No space left on device'
-    """
-    if isinstance(error, OSError):
-        return error.strerror or type(error).__name__
-    if isinstance(error, _CorruptEntryError):
-        return str(error)
-    return "a cache file could not be written"

@@ -16,7 +16,7 @@ import dataclasses
 import itertools
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -294,30 +294,7 @@ def run_audit(
         )
         return make_target(override(config, list(items)), data)
 
-    phase1: list[dict[str, Any]] = []
-    phase1_seconds = 0.0
-    if len(candidates) > 1:
-        started = time.perf_counter()
-        total = 2 * settings.phase1_runs * len(candidates)
-        with Progress(total, desc="audit phase I", unit="models", enabled=progress) as bar:
-            for index, (canary, items) in enumerate(candidates):
-                target = target_for(canary, items)
-                seed = _seed(settings, 1, index)
-                out = target.canary_losses(False, settings.phase1_runs, seed, bar.update)
-                inside = target.canary_losses(True, settings.phase1_runs, seed, bar.update)
-                phase1.append(
-                    {
-                        "canary": canary,
-                        "set": list(items),
-                        "tv_distance": _gaussian_tv(out, inside),
-                        "mean_loss_without": float(out.mean()),
-                        "mean_loss_with": float(inside.mean()),
-                    }
-                )
-        phase1_seconds = time.perf_counter() - started
-        best = max(range(len(phase1)), key=lambda i: phase1[i]["tv_distance"])
-    else:
-        best = 0
+    phase1, phase1_seconds, best = _phase_one(candidates, settings, target_for, progress)
     canary, items = candidates[best]
     started = time.perf_counter()
     with Progress(2 * settings.runs, desc="audit phase II", unit="models", enabled=progress) as bar:
@@ -332,17 +309,75 @@ def run_audit(
         confidence=settings.confidence,
         selection_fraction=settings.selection_fraction,
     )
+    phases = {
+        "phase1": phase1,
+        "phase1_runs_per_side": settings.phase1_runs if phase1 else 0,
+        "phase1_seconds": phase1_seconds,
+        "phase2_seconds": phase2_seconds,
+        "wall_seconds": time.perf_counter() - start,
+    }
+    chosen, losses = (canary, items), (out, inside)
+    report = _report(config, settings, dataset.name, target, chosen, result, losses, phases)
+    if histogram is not None:
+        loss_histogram(out, inside, report, histogram)
+        report["histogram"] = str(histogram)
+    return report
+
+
+def _phase_one(
+    candidates: list[tuple[str, tuple[str, ...]]],
+    settings: AuditSettings,
+    target_for: Callable[[str, tuple[str, ...]], AuditTarget],
+    progress: bool,
+) -> tuple[list[dict[str, Any]], float, int]:
+    """Phase I: each candidate (canary, set) trained ``phase1_runs`` times without and with
+    the canary; (their rows, the seconds taken, the index of the most distinguishable)."""
+    if len(candidates) <= 1:
+        return [], 0.0, 0
+    phase1: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    total = 2 * settings.phase1_runs * len(candidates)
+    with Progress(total, desc="audit phase I", unit="models", enabled=progress) as bar:
+        for index, (canary, items) in enumerate(candidates):
+            target = target_for(canary, items)
+            seed = _seed(settings, 1, index)
+            out = target.canary_losses(False, settings.phase1_runs, seed, bar.update)
+            inside = target.canary_losses(True, settings.phase1_runs, seed, bar.update)
+            phase1.append(
+                {
+                    "canary": canary,
+                    "set": list(items),
+                    "tv_distance": _gaussian_tv(out, inside),
+                    "mean_loss_without": float(out.mean()),
+                    "mean_loss_with": float(inside.mean()),
+                }
+            )
+    best = max(range(len(phase1)), key=lambda i: phase1[i]["tv_distance"])
+    return phase1, time.perf_counter() - started, best
+
+
+def _report(
+    config: TrainConfig,
+    settings: AuditSettings,
+    dataset_name: str,
+    target: AuditTarget,
+    chosen: tuple[str, tuple[str, ...]],
+    result: Any,
+    losses: tuple[np.ndarray, np.ndarray],
+    phases: dict[str, Any],
+) -> dict[str, Any]:
+    """The audit's report: the claim, the bound and its statistics, the phases' timings."""
     claim = target.claim
-    report: dict[str, Any] = {
+    return {
         "method": config.method,
-        "dataset": dataset.name,
+        "dataset": dataset_name,
         "dataset_size": settings.dataset_size,
-        "canary": canary,
+        "canary": chosen[0],
         "canary_label": target.data.canary_label,
-        "chosen_set": list(items),
+        "chosen_set": list(chosen[1]),
         "claimed_epsilon": claim.epsilon,
         "target_epsilon": config.epsilon,
-        "delta": delta,
+        "delta": config.delta,
         "accountant": claim.accountant,
         "noise_multiplier": claim.noise_multiplier,
         "steps": claim.steps,
@@ -353,7 +388,7 @@ def run_audit(
         "membership_auc": result.auc,
         "membership_advantage": result.max_advantage,
         "advantage_at_threshold": result.advantage,
-        "advantage_upper_bound": advantage_upper_bound(claim.epsilon, delta),
+        "advantage_upper_bound": advantage_upper_bound(claim.epsilon, config.delta),
         "threshold": result.threshold,
         "threshold_direction": "loss <= threshold" if result.sign > 0 else "loss >= threshold",
         "fpr": result.fpr,
@@ -363,21 +398,13 @@ def run_audit(
         "runs_per_side": settings.runs,
         "selection_runs": result.selection_runs,
         "evaluation_runs": result.evaluation_runs,
-        "phase1": phase1,
-        "phase1_runs_per_side": settings.phase1_runs if phase1 else 0,
-        "phase1_seconds": phase1_seconds,
-        "phase2_seconds": phase2_seconds,
-        "wall_seconds": time.perf_counter() - start,
+        **phases,
         "seed": settings.seed,
         "privacy_ledger": claim.ledger,
         "config": config.to_dict(),
-        "losses_without": out.tolist(),
-        "losses_with": inside.tolist(),
+        "losses_without": losses[0].tolist(),
+        "losses_with": losses[1].tolist(),
     }
-    if histogram is not None:
-        loss_histogram(out, inside, report, histogram)
-        report["histogram"] = str(histogram)
-    return report
 
 
 def _seed(settings: AuditSettings, phase: int, index: int) -> int:

@@ -19,6 +19,7 @@ from dpvision.audit.one_run import audit_one_run
 from dpvision.audit.one_run_targets import ONE_RUN_CANARIES, make_one_run_target
 from dpvision.audit.plot import score_histogram
 from dpvision.config import TrainConfig
+from dpvision.data.core import ImageDataset
 from dpvision.errors import DPVisionError
 from dpvision.seeds import public_rng
 
@@ -87,27 +88,8 @@ def run_one_run_audit(
     the audited run, checked to be what ran.
     """
     start = time.perf_counter()
-    if config.features.strip().startswith("precomputed"):
-        raise DPVisionError(
-            "the audit builds its canaries from images; precomputed feature vectors have "
-            "none: audit with pixels, scatternet or encoder features"
-        )
-    delta = settings.delta if settings.delta is not None else config.delta
-    config = dataclasses.replace(config, delta=delta)
-    dataset = config.load_dataset()
-    if settings.dataset_size > dataset.num_train:
-        raise DPVisionError(
-            f"the audit dataset size {settings.dataset_size} exceeds the {dataset.num_train} "
-            f"training examples of {dataset.name}"
-        )
-    target = make_one_run_target(
-        config,
-        dataset,
-        size=settings.dataset_size,
-        canaries=settings.canaries,
-        canary=settings.canary,
-        seed=settings.seed,
-    )
+    config, dataset, target = _prepare(config, settings)
+    delta = config.delta
     coins = public_rng(settings.seed, "one-run audit coins")
     included = coins.random(settings.canaries) < 0.5
     trained = time.perf_counter()
@@ -121,12 +103,63 @@ def run_one_run_audit(
         delta=delta,
         confidence=settings.confidence,
     )
+    timings = {"train_seconds": train_seconds, "wall_seconds": time.perf_counter() - start}
+    report = _report(config, settings, dataset.name, target, scores, included, result, timings)
+    if histogram is not None:
+        score_histogram(report, histogram)
+        report["histogram"] = str(histogram)
+    return report
+
+
+def _prepare(
+    config: TrainConfig, settings: OneRunSettings
+) -> tuple[TrainConfig, ImageDataset, Any]:
+    """The config at the audit's δ, its dataset and the one-run target (checked first:
+    features with images, an audit dataset the training set can hold)."""
+    if config.features.strip().startswith("precomputed"):
+        raise DPVisionError(
+            "the audit builds its canaries from images; precomputed feature vectors have "
+            "none: audit with pixels, scatternet or encoder features"
+        )
+    delta = settings.delta if settings.delta is not None else config.delta
+    config = dataclasses.replace(config, delta=delta)
+    dataset = config.load_dataset()
+    if settings.dataset_size > dataset.num_train:
+        raise DPVisionError(
+            f"the audit dataset size {settings.dataset_size} exceeds the {dataset.num_train} "
+            f"training examples of {dataset.name}"
+        )
+    return (
+        config,
+        dataset,
+        make_one_run_target(
+            config,
+            dataset,
+            size=settings.dataset_size,
+            canaries=settings.canaries,
+            canary=settings.canary,
+            seed=settings.seed,
+        ),
+    )
+
+
+def _report(
+    config: TrainConfig,
+    settings: OneRunSettings,
+    dataset_name: str,
+    target: Any,
+    scores: np.ndarray,
+    included: np.ndarray,
+    result: dict[str, Any],
+    timings: dict[str, float],
+) -> dict[str, Any]:
+    """The one-run audit's report: the claim, the guesses and the bound, the timings."""
     order = np.argsort(-scores, kind="stable")
     claim = target.claim
-    report: dict[str, Any] = {
+    return {
         "audit": "one-run",
         "method": config.method,
-        "dataset": dataset.name,
+        "dataset": dataset_name,
         "dataset_size": settings.dataset_size,
         "canary": settings.canary or "dirac",
         "score": target.score,
@@ -138,7 +171,7 @@ def run_one_run_audit(
         "correct": result["correct"],
         "claimed_epsilon": claim.epsilon,
         "target_epsilon": config.epsilon,
-        "delta": delta,
+        "delta": config.delta,
         "accountant": claim.accountant,
         "noise_multiplier": claim.noise_multiplier,
         "steps": claim.steps,
@@ -148,18 +181,13 @@ def run_one_run_audit(
         "violation": result["epsilon_lower_bound"] > claim.epsilon,
         "threshold_in": float(scores[order[settings.guesses - 1]]),
         "threshold_out": float(scores[order[-settings.guesses]]),
-        "train_seconds": train_seconds,
-        "wall_seconds": time.perf_counter() - start,
+        **timings,
         "seed": settings.seed,
         "privacy_ledger": claim.ledger,
         "config": config.to_dict(),
         "scores_included": scores[included].tolist(),
         "scores_excluded": scores[~included].tolist(),
     }
-    if histogram is not None:
-        score_histogram(report, histogram)
-        report["histogram"] = str(histogram)
-    return report
 
 
 def one_run_summary(report: dict[str, Any]) -> str:

@@ -60,6 +60,54 @@ def run_features(
     significant = {k: v for k, v in config.to_dict().items() if k != "data_dir"}
     workers.check_agree(significant, "the configuration")
     spec = parse_feature_spec(config.features)
+    dataset, train, test, channels, source, also_public = _features(config, spec, workers, quiet)
+    say(
+        f"training {config.method} on {train.shape[1]} features "
+        f"(target ε = {config.epsilon if config.epsilon is not None else 'from σ'}, "
+        f"δ = {config.delta:g})",
+        quiet,
+    )
+    train, train_labels, test, validation_labels = _held_out(
+        config, dataset, spec, (train, test), secret, also_public
+    )
+    held = len(validation_labels)
+    fitted = fit_learner(
+        config,
+        train,
+        train_labels,
+        test,
+        channels,
+        dataset.num_classes,
+        secret=secret,
+        validations=1 if held else 0,
+        validation=validation,
+    )
+    learner, test = fitted.learner, fitted.test
+    scores: dict[str, Any] = {}
+    if held:
+        exact = float(learner.score(test[:held], validation_labels))
+        released = fitted.validation.accuracy(exact, held)
+        if fitted.validation.mode != "selection":
+            scores["validation_accuracy"] = released
+            scores["n_validation"] = held
+            scores.update(fitted.validation.summary())
+        test = test[held:]
+    result = _result(config, dataset, fitted, test, train_labels, scores, secret, start)
+    return result, _model(config, dataset, spec, fitted, result, source)
+
+
+def _features(
+    config: TrainConfig, spec: Any, workers: Any, quiet: bool
+) -> tuple[Any, Any, Any, int, Any, Any]:
+    """(dataset, train features, test features, channels, the network source or None, the
+    rows public as copies of the weights' rows or None): precomputed vectors read, or the
+    dataset loaded and its features extracted (rank 0 first under torchrun), after the
+    learner's memory check.
+
+    Privacy:
+      Extraction is data-independent and releases nothing (see
+      :func:`~dpvision.features.cache.load_or_extract`).
+    """
     source, also_public = None, None
     if spec.name == "precomputed":
         assert spec.path is not None  # checked by FeatureSpec
@@ -91,13 +139,28 @@ def run_features(
             lambda: load_or_extract(dataset, spec, progress=not quiet, device=device)
         )
         channels = _channels(config, dataset, spec)
-    say(
-        f"training {config.method} on {train.shape[1]} features "
-        f"(target ε = {config.epsilon if config.epsilon is not None else 'from σ'}, "
-        f"δ = {config.delta:g})",
-        quiet,
-    )
-    train_labels, held = np.asarray(dataset.train_labels), 0
+    return dataset, train, test, channels, source, also_public
+
+
+def _held_out(
+    config: TrainConfig,
+    dataset: Any,
+    spec: Any,
+    features: tuple[Any, Any],
+    secret: SecretRandomness,
+    also_public: Any,
+) -> tuple[Any, np.ndarray, Any, np.ndarray]:
+    """(training features, their labels, the held-out then test features, the held-out
+    labels): each training row's side (public, validation, training) from its own keyed
+    hash under ``secret``'s split key, after binding ``secret`` to the rows.
+
+    Privacy:
+      Which rows a mechanism sees does not change when another example is added or
+      removed (:func:`~dpvision.runs.inputs.training_rows`); releases nothing.
+    """
+    train, test = features
+    validation_labels = np.zeros(0, dtype=np.int64)
+    train_labels = np.asarray(dataset.train_labels)
     identity = train if spec.name == "precomputed" else dataset.row_images
     # A replayable run on other rows draws other noise; the split keys stay the same.
     secret.bind_rows(lambda: (identity, train_labels))
@@ -115,33 +178,28 @@ def run_features(
         # The held-out rows go through the same (released) preprocessing as the test set.
         validation_labels = train_labels[kept]
         test = np.concatenate([np.asarray(train[kept]), np.asarray(test)])
-        held = len(kept)
     if len(rows) < len(train_labels):
         train, train_labels = np.asarray(train[rows]), train_labels[rows]
-    fitted = fit_learner(
-        config,
-        train,
-        train_labels,
-        test,
-        channels,
-        dataset.num_classes,
-        secret=secret,
-        validations=1 if held else 0,
-        validation=validation,
-    )
-    learner, train, test, prior = fitted.learner, fitted.train, fitted.test, fitted.prior
-    scores: dict[str, Any] = {}
-    if held:
-        exact = float(learner.score(test[:held], validation_labels))
-        released = fitted.validation.accuracy(exact, held)
-        if fitted.validation.mode != "selection":
-            scores["validation_accuracy"] = released
-            scores["n_validation"] = held
-            scores.update(fitted.validation.summary())
-        test = test[held:]
+    return train, train_labels, test, validation_labels
+
+
+def _result(
+    config: TrainConfig,
+    dataset: Any,
+    fitted: "FittedLearner",
+    test: Any,
+    train_labels: np.ndarray,
+    scores: dict[str, Any],
+    secret: SecretRandomness,
+    start: float,
+) -> dict[str, Any]:
+    """The result dict (DESIGN.md): the test accuracy, the released ``scores``, the
+    privacy figures and ledger, the config."""
+    learner, train, prior = fitted.learner, fitted.train, fitted.prior
+    workers = current()
     accuracy = float(learner.score(test, dataset.test_labels))
     own = learner.privacy_ledger_.entries[len(prior.entries) :] or learner.privacy_ledger_.entries
-    result = {
+    return {
         "dataset": dataset.name,
         "method": config.method,
         "features": config.features,
@@ -166,7 +224,19 @@ def run_features(
         "privacy_ledger": learner.privacy_ledger_.to_dict()["entries"],
         "config": config.to_dict(),
     }
-    model = TrainedModel(
+
+
+def _model(
+    config: TrainConfig,
+    dataset: Any,
+    spec: Any,
+    fitted: "FittedLearner",
+    result: dict[str, Any],
+    source: Any,
+) -> TrainedModel:
+    """The saved model: the learner's released coefficients and the public preprocessing."""
+    learner = fitted.learner
+    return TrainedModel(
         method=config.method,
         dataset=dataset.name,
         num_classes=int(dataset.num_classes),
@@ -180,7 +250,6 @@ def run_features(
         encoder_sha256=encoder_digest(source) if source is not None else None,
         class_names=getattr(dataset, "class_names", None),
     )
-    return result, model
 
 
 class FittedLearner(NamedTuple):

@@ -236,3 +236,41 @@ def test_start_up_imports_no_torch(module: str) -> None:
     calculator start without importing torch."""
     code = f"import sys, {module}; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+# --- size: modules and composition roots ----------------------------------------------------
+MODULE_LINES = 500
+ROOT_BODY_LINES = 60
+# Composition roots: the functions that wire a whole command or call together (Opacus'
+# make_private is a ~60-line body over _prepare_* helpers); a `run*` function of any module
+# is one too.
+ROOTS = {"make_private", "report", "sweep", "start", "pretrain", "pretrain_supervised", "train"}
+
+
+def _body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Lines of a function's body after its docstring."""
+    body = node.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+        body = body[1:]
+    return 0 if not body else (node.end_lineno or node.lineno) - body[0].lineno + 1
+
+
+def test_no_module_is_over_500_lines() -> None:
+    long = {
+        name: n
+        for name, path in _modules().items()
+        if (n := len(path.read_text().splitlines())) > MODULE_LINES
+    }
+    assert long == {}
+
+
+def test_no_composition_root_is_over_60_lines() -> None:
+    long = {}
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            is_root = isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and (
+                node.name.startswith("run") or node.name in ROOTS
+            )
+            if is_root and (lines := _body_lines(node)) > ROOT_BODY_LINES:
+                long[f"{name}.{node.name}"] = lines
+    assert long == {}

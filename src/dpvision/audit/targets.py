@@ -403,37 +403,11 @@ class DPSGDTarget(AuditTarget):
         if gradient_canaries is not None and runs != 1:
             raise DPVisionError("gradient canaries are for one run at a time")
 
-        def clipped(
-            p: dict[str, torch.Tensor], batch: torch.Tensor, keep: torch.Tensor
-        ) -> dict[str, torch.Tensor]:
-            grads, _, _ = functional_clipped_sum(
-                self.model,
-                lambda out, y: F.cross_entropy(out, y, reduction="none"),
-                p,
-                self.buffers,
-                batch,
-                targets,
-                keep,
-                policy=self.policy,
-            )
-            return grads
-
+        clipped = self._clipped_sum(targets)
         for indices in sampler:
             keep = torch.zeros(runs * n, dtype=torch.bool, device=self.device)
             keep[torch.as_tensor(indices, dtype=torch.long, device=self.device)] = True
-            if options.augmult:
-                views = augment_views(
-                    inputs.repeat(runs, 1, 1, 1),
-                    options.augmult,
-                    augment,
-                    padding=options.crop_padding,
-                    flip=options.flip,
-                    mode=options.padding_mode,
-                )
-                batch = views.view(runs, n, *views.shape[1:])
-                batch_dim: int | None = 0
-            else:
-                batch, batch_dim = inputs.unsqueeze(1), None
+            batch, batch_dim = self._batch(inputs, runs, augment)
             params = {k: v.detach() for k, v in stack.stacked().items()}
             sums = vmap(clipped, in_dims=(0, batch_dim, 0))(params, batch, keep.view(runs, n))
             if gradient_canaries is not None:
@@ -455,6 +429,46 @@ class DPSGDTarget(AuditTarget):
         if ema is not None:
             return {name: ema.shadow[f"p{i}"] for i, name in enumerate(stack.names)}
         return {k: v.detach() for k, v in stack.stacked().items()}
+
+    def _clipped_sum(
+        self, targets: torch.Tensor
+    ) -> Callable[[dict[str, torch.Tensor], torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]:
+        """One run's clipped gradient sum over the rows ``keep`` marks (vmapped over runs)."""
+
+        def clipped(
+            p: dict[str, torch.Tensor], batch: torch.Tensor, keep: torch.Tensor
+        ) -> dict[str, torch.Tensor]:
+            grads, _, _ = functional_clipped_sum(
+                self.model,
+                lambda out, y: F.cross_entropy(out, y, reduction="none"),
+                p,
+                self.buffers,
+                batch,
+                targets,
+                keep,
+                policy=self.policy,
+            )
+            return grads
+
+        return clipped
+
+    def _batch(
+        self, inputs: torch.Tensor, runs: int, augment: torch.Generator
+    ) -> tuple[torch.Tensor, int | None]:
+        """The step's inputs for every run (K augmented views each, drawn from the public
+        ``augment``), and the dimension vmap maps over (None: shared by the runs)."""
+        options, n = self.options, inputs.shape[0]
+        if not options.augmult:
+            return inputs.unsqueeze(1), None
+        views = augment_views(
+            inputs.repeat(runs, 1, 1, 1),
+            options.augmult,
+            augment,
+            padding=options.crop_padding,
+            flip=options.flip,
+            mode=options.padding_mode,
+        )
+        return views.view(runs, n, *views.shape[1:]), 0
 
 
 def make_target(config: TrainConfig, data: AuditData) -> AuditTarget:

@@ -82,11 +82,34 @@ def add_pretrain_parser(commands: Any) -> None:
 
 
 def run_pretrain(args: argparse.Namespace) -> None:
-    from dpvision.config import load_toml, parse_override
     from dpvision.devices import resolve_device
     from dpvision.fileio import write_json_atomic
     from dpvision.training.pretrain import pretrain
     from dpvision.training.pretrain_options import PretrainOptions
+
+    objective, raw = _raw_options(args)
+    if objective == "supervised":
+        run_supervised(raw, args)
+        return
+    options = PretrainOptions.from_dict(raw)
+    device = resolve_device(args.device)
+    result = pretrain(
+        options, args.out, checkpoint=args.checkpoint, quiet=args.quiet, device=device
+    )
+    if args.json:
+        write_json_atomic(args.json, result)
+    print(
+        f"encoder {options.model} pre-trained on {options.synthetic} "
+        f"({options.channels}×{options.size}×{options.size}) for {options.steps} steps: final "
+        f"loss {result['final_loss']:.4f}, wall time {result['wall_seconds']:.1f} s\n"
+        f"written to {args.out} (no private data used: ε = 0)"
+    )
+
+
+def _raw_options(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """(the objective, its options as given): the config's ``[pretrain]`` table, then the
+    flags of that objective (a flag of the other objective refused), then ``--set``."""
+    from dpvision.config import load_toml, parse_override
 
     raw: dict[str, Any] = {}
     objective = args.objective
@@ -128,22 +151,7 @@ def run_pretrain(args: argparse.Namespace) -> None:
     for item in args.set:
         path, value = parse_override(item)
         raw[".".join(path)] = value
-    if objective == "supervised":
-        run_supervised(raw, args)
-        return
-    options = PretrainOptions.from_dict(raw)
-    device = resolve_device(args.device)
-    result = pretrain(
-        options, args.out, checkpoint=args.checkpoint, quiet=args.quiet, device=device
-    )
-    if args.json:
-        write_json_atomic(args.json, result)
-    print(
-        f"encoder {options.model} pre-trained on {options.synthetic} "
-        f"({options.channels}×{options.size}×{options.size}) for {options.steps} steps: final "
-        f"loss {result['final_loss']:.4f}, wall time {result['wall_seconds']:.1f} s\n"
-        f"written to {args.out} (no private data used: ε = 0)"
-    )
+    return objective, raw
 
 
 def run_supervised(raw: dict[str, Any], args: argparse.Namespace) -> None:

@@ -24,8 +24,15 @@ from pathlib import Path
 import pytest
 import torch
 
-REAL_HOME = Path.home()
-SCRATCH_HOME = Path(tempfile.mkdtemp(prefix="dpvision-tests-home-"))
+# pytest-xdist's workers inherit the controller's environment: they share its scratch home,
+# so a feature set one of them extracted is in the others' cache too.
+if os.environ.get("DPVISION_TESTS_SCRATCH_HOME"):
+    REAL_HOME = Path(os.environ["DPVISION_TESTS_REAL_HOME"])
+    SCRATCH_HOME = Path(os.environ["DPVISION_TESTS_SCRATCH_HOME"])
+else:
+    REAL_HOME = Path.home()
+    SCRATCH_HOME = Path(tempfile.mkdtemp(prefix="dpvision-tests-home-"))
+    os.environ["DPVISION_TESTS_SCRATCH_HOME"] = str(SCRATCH_HOME)
 os.environ["DPVISION_TESTS_REAL_HOME"] = str(REAL_HOME)  # for tests/test_isolation.py
 os.environ["HOME"] = str(SCRATCH_HOME)
 os.environ["DPVISION_CACHE"] = str(SCRATCH_HOME / ".cache" / "dpvision" / "features")

@@ -33,14 +33,14 @@ _NOT_SEED002 = [path for path in _IMAGE_CONFIGS if path.parent.name != "seed002"
 CONFIGS = [path for path in _NOT_SEED002 if resolve(path).method == "dp-sgd"]
 # The feature-learner configs (seed 004's ScatterNet+linear).
 FEATURE_CONFIGS = [path for path in _NOT_SEED002 if resolve(path).method != "dp-sgd"]
-# The default run trains one config of each WRN depth; the other ε columns differ from them
-# only in σ, steps and learning rate, and run under ``-m slow``.
+# One config of each WRN depth runs a few steps (under ``-m slow``: tests/conftest.py); the
+# other ε columns differ from them only in σ, steps and learning rate, which test_config_loads
+# checks for every file without training (their steps would run the same code).
 _FAST_WRN = {"cifar10_wrn16_4_eps1", "cifar10_wrn40_4_eps8"}
 RUNS = [
-    pytest.param(path, id=path.stem, marks=[pytest.mark.slow])
-    if "wrn" in path.stem and path.stem not in _FAST_WRN
-    else pytest.param(path, id=path.stem)
+    pytest.param(path, id=path.stem)
     for path in CONFIGS
+    if "wrn" not in path.stem or path.stem in _FAST_WRN
 ]
 N_TRAIN, N_TEST = 40, 10
 

@@ -13,7 +13,9 @@ are the parallelism, and in-process and subprocess runs still sum in the same or
 ``SLOW`` names the long end-to-end and accuracy runs: the default suite deselects them and
 ``pytest -m slow`` (CI) runs them. None is a release path's neighbouring-dataset test, a
 refusal's or an adversary's test; where one of those is long, it stays and a cheaper
-variant of it runs by default (docs/development.md, "The test suite").
+variant of it runs by default (docs/development.md, "Test"). The documentation's full-size
+Fashion-MNIST runs (minutes each) are marked ``full`` where they are collected and run
+under ``pytest -m full``.
 """
 
 import os
@@ -85,7 +87,8 @@ SLOW = {
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     slow = pytest.mark.slow
     for item in items:
-        if item.nodeid.startswith(tuple(SLOW)) and "slow" not in item.keywords:
+        marked = item.get_closest_marker("slow") or item.get_closest_marker("full")
+        if item.nodeid.startswith(tuple(SLOW)) and not marked:
             item.add_marker(slow)
 
 

@@ -9,8 +9,9 @@
   default suite; the command then runs, as written, in a scratch folder that sees
   ``configs/`` and ``examples/``, with an empty ``HOME`` and feature cache. A ``console``
   block's output of ``dpvision privacy`` (deterministic) must match line for line; a shown
-  ``dpvision: error:`` line must be the command's error. Commands that take minutes run
-  under ``-m slow``; a command the README also shows is run by ``tests/test_readme.py``.
+  ``dpvision: error:`` line must be the command's error. Commands that take a minute run
+  under ``-m slow``, the full-size Fashion-MNIST ones (minutes each) under ``-m full``; a
+  command the README also shows is run by ``tests/test_readme.py``.
 * What cannot run here is skipped with its reason in :data:`CANNOT_RUN` (shown by
   ``pytest -rs``); a rule that no longer matches any block fails
   :func:`test_every_exception_is_used`, so the list cannot go stale silently.
@@ -47,11 +48,10 @@ CANNOT_RUN: list[tuple[str, str]] = [
     (r"benchmarks/", "a benchmark: minutes; its results are in docs/results"),
     (r"run\.toml|photos/", "a placeholder for the reader's own files"),
 ]
-# Full runs that take minutes on 2 cores: under -m slow (the parse check stays default).
-SLOW = (
-    r"fashion-mnist|fashion_mnist|--runs \d{4}|dpvision audit(?! --one-run\s*$)|--method dp-sgd"
-    r"|dpvision tune"
-)
+# Full-size runs on Fashion-MNIST, minutes each on 2 cores: under -m full (the parse check
+# stays default); other runs of a minute or less: under -m slow.
+FULL = r"fashion-mnist|fashion_mnist|--runs \d{4}"
+SLOW = r"dpvision audit(?! --one-run\s*$)|--method dp-sgd|dpvision tune"
 
 
 def pages() -> list[Path]:
@@ -118,6 +118,8 @@ def runnable_shell_blocks() -> list[object]:
             why = "the README shows the same commands: tests/test_readme.py runs them"
         if why is not None:
             marks = [pytest.mark.skip(reason=f"{name}: {why}")]
+        elif re.search(FULL, text):
+            marks = [pytest.mark.full]
         elif re.search(SLOW, text):
             marks = [pytest.mark.slow]
         else:

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 # Commands CI runs itself (.ci/run), not this test.
 CI_COMMANDS = ("python3.11 -m venv", "python -m pytest", "mkdocs build")
-SLOW = ("fashion_mnist", "fashion-mnist")  # minutes of ScatterNet extraction and training
+FULL = ("fashion_mnist", "fashion-mnist")  # minutes of ScatterNet extraction and training
 ACCURACY = re.compile(r"(accuracy) [0-9.]+ %")
 TIMING = re.compile(r"^wall time [0-9.]+ s on \S+.*$")  # the device is checked elsewhere
 
@@ -84,8 +84,8 @@ def _runnable() -> list[object]:
         commands = [command for command, _ in block]
         if any(command.startswith(CI_COMMANDS) for command in commands):
             continue
-        slow = any(word in command for command in commands for word in SLOW)
-        marks = [pytest.mark.slow] if slow else []
+        full = any(word in command for command in commands for word in FULL)
+        marks = [pytest.mark.full] if full else []
         params.append(pytest.param(block, id=commands[0][:60], marks=marks))
     return params
 

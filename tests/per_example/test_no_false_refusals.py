@@ -214,3 +214,16 @@ def test_privacy_engine_still_refuses_a_model_that_mixes_under_bf16_autocast():
 
     with reordering(model), pytest.raises(DPVisionError, match="mixed examples"):
         _train(model, (1, 8, 8), steps=4, autocast=True, after_step=start_mixing)
+
+
+@pytest.mark.parametrize("mode", ["batch mean", "1 % of the next example"])
+def test_a_model_with_bfloat16_parameters_is_compared_at_float32_rounding(mode):
+    """Its own rounding (2⁻⁸) would hide mixing of a few percent: its rows must come out the
+    same in both passes (they do on these deterministic kernels)."""
+    torch.manual_seed(0)
+    honest = _docs_model().to(torch.bfloat16)
+    batch = torch.rand(64, 1, 8, 8, dtype=torch.bfloat16)
+    check_batch_layout(honest, tracked_layers(honest), (batch,), {})
+    mixing = _Mixes(mode).to(torch.bfloat16)
+    with pytest.raises(LayoutError, match="mixes examples"):
+        check_batch_layout(mixing, tracked_layers(mixing), (batch,), {})

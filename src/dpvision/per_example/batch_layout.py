@@ -140,8 +140,18 @@ def probe_arithmetic(model: nn.Module, device: torch.device) -> Iterator[None]:
 def roundoff(model: nn.Module, device: torch.device, *tensors: torch.Tensor) -> float:
     """The unit roundoff u of the least precise arithmetic that may compute ``model`` on
     ``device`` here: its floating parameters' and ``tensors``' dtypes, autocast's dtype
-    when it is on, and float32 products in TF32 or bfloat16 where the settings allow it."""
-    dtypes = {t.dtype for t in (*model.parameters(), *model.buffers(), *tensors)}
+    when it is on, and float32 products in TF32 or bfloat16 where the settings allow it.
+
+    A model with floating parameters below float32 cannot be probed in float32, and its
+    own rounding (2⁻⁸ relative for bfloat16) would hide mixing of a few percent: it gets
+    float32's u, so its rows must come out the same in both passes, as they do on
+    deterministic kernels (on one that sums in another order between calls it is refused:
+    keep the parameters in float32 and train under autocast).
+    """
+    floating = [p.dtype for p in model.parameters() if p.is_floating_point()]
+    if any(torch.finfo(d).bits < 32 for d in floating):
+        return EXACT_ROUNDOFF
+    dtypes = {*floating, *(t.dtype for t in (*model.buffers(), *tensors))}
     if autocast_enabled(device):
         dtypes.add(torch.get_autocast_dtype(device.type))
     units = [
@@ -175,8 +185,7 @@ def mixed_rows(
 ) -> bool:
     """Whether rows other than those of ``examples`` changed beyond rounding (a row that
     became NaN or infinite changed): by more than :func:`rounding_tolerance` (``unit``,
-    ``length``, or the dtype's own roundoff if larger) times the row's largest finite
-    value."""
+    ``length``; :func:`roundoff` gives ``unit``) times the row's largest finite value."""
     keep = torch.ones(before.shape[0], dtype=torch.bool, device=before.device)
     for example in [examples] if isinstance(examples, int) else examples:
         keep[example * views : (example + 1) * views] = False
@@ -185,11 +194,7 @@ def mixed_rows(
     if b.numel() == 0:
         return False
     same = (a == b) | (a.isnan() & b.isnan())
-    if before.is_floating_point():
-        unit = max(unit, torch.finfo(before.dtype).eps / 2)
-        tiny = torch.finfo(before.dtype).tiny
-    else:
-        unit, tiny = 0.0, 0.0
+    tiny = torch.finfo(before.dtype).tiny if before.is_floating_point() else 0.0
     flat_b, flat_a = b.reshape(b.shape[0], -1), a.reshape(a.shape[0], -1)
     sizes = torch.maximum(
         torch.nan_to_num(flat_b.abs(), nan=0.0, posinf=0.0).amax(1),

@@ -68,7 +68,6 @@ SLOW = {
     "tests/training/test_tune.py::test_the_python_entry_point_mirrors": "an API mirror",
     "tests/gpu/test_gpu_check.py::": "the GPU check's report without CUDA",
     "tests/benchmarks/test_dpsgd_speed_smoke.py::": "the benchmarks' plumbing",
-    "tests/test_saved_models.py::test_a_saved_model_scores_exactly_as_the_run_did[pr": "scores",
     "tests/test_isolation.py::test_a_command_run_by_a_test_writes": "a command's cache folder",
     "tests/training/test_adaptive_clipping.py::test_cli_adaptive_clipping": "CLI, resume",
     "tests/test_report.py::test_sweep_": "sweeps, end to end",
@@ -80,6 +79,18 @@ SLOW = {
     "tests/distributed/test_distributed.py::test_dpsgd_under_torchrun_matches": "torchrun parity",
     "tests/distributed/test_distributed.py::test_dp_ls_under_torchrun_matches": "torchrun parity",
     "tests/distributed/test_distributed.py::test_feature_learners_on_two": "two-process parity",
+    "tests/test_saved_models.py::test_a_saved_model_scores_exactly_as_the_run_did": "scores",
+    "tests/test_saved_models.py::test_dpsgd_evaluates_on_validation_and": "evaluation plumbing",
+    "tests/test_report.py::test_report_tables_plot_and_ledgers": "a report, end to end",
+    "tests/training/test_finetuning.py::test_the_issue_contract_commands": "CLI, end to end",
+    "tests/training/test_finetuning.py::test_cli_contract": "CLI, end to end",
+    "tests/test_docs_code.py::test_python_blocks_run[guide/models.md]": "docs, trainings",
+    "tests/test_docs_code.py::test_python_blocks_run[tutorials/mehta": "docs, a feature run",
+    "tests/test_docs_code.py::test_python_blocks_run[guide/extending.md]": "docs, trainings",
+    "tests/test_configs.py::test_table_13_config_runs_all_three_phases": "three phases",
+    "tests/training/test_recipes.py::test_dp_sgd_on_digits_runs_with_a_model": "a recipe's run",
+    "tests/audit/test_audit.py::test_phase_one_chooses": "an audit's phase I",
+    "tests/audit/test_audit.py::test_cli_audit_prints_json": "an audit, end to end",
 }
 
 

@@ -76,8 +76,6 @@ logger = logging.getLogger(__name__)
 ENV_CACHE = "DPVISION_CACHE"
 """Environment variable naming the feature cache folder."""
 
-"""Age after which an orphaned temporary file is deleted by the next write."""
-
 
 def default_cache_dir() -> Path:
     """The feature cache folder: ``$DPVISION_CACHE``, else ``~/.cache/dpvision/features``."""

@@ -28,6 +28,7 @@ logger = logging.getLogger("dpvision.features.cache")
 
 SPLITS = ("train", "test")
 STALE_SECONDS = 3600.0
+"""Age after which an orphaned temporary file is deleted by the next write."""
 
 
 class CacheWriteError(Exception):

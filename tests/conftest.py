@@ -13,9 +13,9 @@ are the parallelism, and in-process and subprocess runs still sum in the same or
 ``SLOW`` names the long end-to-end and accuracy runs: the default suite deselects them and
 ``pytest -m slow`` (CI) runs them. None is a release path's neighbouring-dataset test, a
 refusal's or an adversary's test; where one of those is long, it stays and a cheaper
-variant of it runs by default (docs/development.md, "Test"). The documentation's full-size
-Fashion-MNIST runs (minutes each) are marked ``full`` where they are collected and run
-under ``pytest -m full``.
+variant of it runs by default (docs/development.md, "Test"). Runs of minutes each that CI
+leaves out (the documentation's full-size commands, the extended property sweeps) are
+marked ``full`` where they are collected and run under ``pytest -m full``.
 """
 
 import os

@@ -159,7 +159,7 @@ RUNS = {
 # Without a GPU "auto" is the CPU: one method runs by default, all three with -m slow
 # (tests/gpu compares CUDA runs with the CPU's on a GPU machine).
 @pytest.mark.parametrize(
-    "name", [n if n == "dp-sgd" else pytest.param(n, marks=pytest.mark.slow) for n in RUNS]
+    "name", [n if n == "dp-sgd" else pytest.param(n, marks=pytest.mark.full) for n in RUNS]
 )
 def test_cpu_and_auto_give_identical_results(name, tmp_path, encoder):
     argv = list(RUNS[name])
@@ -266,7 +266,7 @@ def test_placement_names_the_device():
     assert Placement(torch.device("cpu"), "bf16").compute_dtype is torch.bfloat16
 
 
-@pytest.mark.slow  # 30 s of inductor's C++ compilation on the CPU
+@pytest.mark.full  # 30 s of inductor's C++ compilation on the CPU
 def test_compile_trains_the_same_model_up_to_float_rounding(tmp_path):
     """``learner.compile`` (off by default): the compiled network clips, noises
     and saves like the eager one; only the rounding of the fused kernels differs."""

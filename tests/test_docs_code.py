@@ -10,7 +10,7 @@
   ``configs/`` and ``examples/``, with an empty ``HOME`` and feature cache. A ``console``
   block's output of ``dpvision privacy`` (deterministic) must match line for line; a shown
   ``dpvision: error:`` line must be the command's error. Commands that take a minute run
-  under ``-m slow``, the full-size Fashion-MNIST ones (minutes each) under ``-m full``; a
+  under ``-m slow``, the full-size ones (minutes each) under ``-m full``; a
   command the README also shows is run by ``tests/test_readme.py``.
 * What cannot run here is skipped with its reason in :data:`CANNOT_RUN` (shown by
   ``pytest -rs``); a rule that no longer matches any block fails
@@ -48,10 +48,10 @@ CANNOT_RUN: list[tuple[str, str]] = [
     (r"benchmarks/", "a benchmark: minutes; its results are in docs/results"),
     (r"run\.toml|photos/", "a placeholder for the reader's own files"),
 ]
-# Full-size runs on Fashion-MNIST, minutes each on 2 cores: under -m full (the parse check
-# stays default); other runs of a minute or less: under -m slow.
-FULL = r"fashion-mnist|fashion_mnist|--runs \d{4}"
-SLOW = r"dpvision audit(?! --one-run\s*$)|--method dp-sgd|dpvision tune"
+# Full-size runs (Fashion-MNIST, audits, searches), minutes each on 2 cores: under -m full
+# (the parse check stays default); other runs of a minute or less: under -m slow.
+FULL = r"fashion-mnist|fashion_mnist|--runs \d{4}|dpvision audit(?! --one-run\s*$)|dpvision tune"
+SLOW = r"--method dp-sgd"
 
 
 def pages() -> list[Path]:

@@ -198,7 +198,7 @@ def test_randomized_family_moves_at_most_c_or_refuses():
     _run_family(seed=0, neighbours=3)
 
 
-@pytest.mark.slow
+@pytest.mark.full
 @pytest.mark.parametrize("seed", range(1, 9))
 def test_randomized_family_sweep(seed):
     _run_family(seed=seed, neighbours=6)

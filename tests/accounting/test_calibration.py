@@ -57,7 +57,7 @@ def test_round_trip_pld(target_epsilon, delta, sample_rate, steps):
     _round_trip("pld", target_epsilon, delta, sample_rate, steps)
 
 
-@pytest.mark.slow
+@pytest.mark.full
 @pytest.mark.parametrize("accountant", ["pld", "rdp", "classic-rdp"])
 @settings(max_examples=100, deadline=None, derandomize=True)
 @given(**_GRID)

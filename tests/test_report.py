@@ -147,6 +147,16 @@ def test_flags_catch_epsilon_over_target_and_accuracy_outside_the_band() -> None
     assert run_flags(_fake(3.0026, None, 0.5, [0.75, 0.85]))
 
 
+def test_a_run_on_the_jpeg_copy_outside_the_band_carries_the_copys_caveat() -> None:
+    run = {**_fake(2.99, 3.0, 0.70, [0.75, 0.85]), "dataset": "cifar10-jpeg"}
+    (flag,) = run_flags(run)
+    assert "outside the band 75.0–85.0 %" in flag
+    assert "JPEG q75 copy" in flag
+    assert "2-3 points" in flag
+    (plain,) = run_flags({**run, "dataset": "cifar10"})
+    assert "JPEG" not in plain
+
+
 def test_report_lists_flagged_runs(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text(json.dumps(_fake(3.5, 3.0, 0.5, [0.75, 0.85])))
     (tmp_path / "notes.json").write_text('{"not": "a result"}')

@@ -84,6 +84,7 @@ def test_unknown_name_lists_the_choices() -> None:
         "mnist",
         "fashion-mnist",
         "cifar10",
+        "cifar10-jpeg",
         "cifar100",
         "dermamnist",
     }

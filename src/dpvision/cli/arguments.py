@@ -244,7 +244,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--dataset",
-        help="digits, mnist, fashion-mnist, cifar10, cifar100, "
+        help="digits, mnist, fashion-mnist, cifar10, cifar10-jpeg, cifar100, "
         "dermamnist, npz:PATH, npy:DIR or imagefolder:PATH",
     )
     parser.add_argument("--data-dir", metavar="DIR", help="folder with the dataset's files")

@@ -6,6 +6,8 @@ Names:
   (:mod:`dpvision.data.digits`); needs scikit-learn, no files.
 * ``mnist``, ``fashion-mnist``: the four IDX files (``.gz`` or not) (:mod:`dpvision.data.idx`).
 * ``cifar10``, ``cifar100``: the python-version pickles (:mod:`dpvision.data.cifar`).
+* ``cifar10-jpeg``: CIFAR-10 as a lossy public JPEG (q75) copy, never labelled ``cifar10``
+  (:mod:`dpvision.data.cifar_jpeg`).
 * ``dermamnist``: MedMNIST's ``dermamnist.npz``, 28x28 RGB, 7 classes; the official train and
   test splits, the validation split ignored (:mod:`dpvision.data.npzfiles`).
 * ``npz:PATH``: an ``.npz`` with ``x_train``, ``y_train``, ``x_test``, ``y_test``.
@@ -37,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpvision.data import cifar, digits, idx, imagefolder, npzfiles, sources
+from dpvision.data import cifar, cifar_jpeg, digits, idx, imagefolder, npzfiles, sources
 from dpvision.data.core import ImageDataset
 from dpvision.data.resize import ImageGeometry
 from dpvision.data.splits import SPLIT_SEED, TEST_FRACTION, changed_tree_option
@@ -54,7 +56,6 @@ __all__ = [
 ]
 
 _DIGIT_NAMES = tuple(str(d) for d in range(10))
-_IDX_EXPECTED = ", ".join(f"{stem}[.gz]" for stem in idx.MNIST_FILES.values())
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,7 @@ class DatasetInfo:
         needs_files: Whether it is read from files (found as in :mod:`dpvision.data.sources`).
         loader: ``loader(info, data_dir, download)`` reads it (see :func:`load_dataset` for
             the arguments).
+        caveat: What ``dpvision report`` says beside a missed band (a lossy copy), or None.
 
     Privacy: the loader reads the private data into memory and releases nothing.
     """
@@ -81,6 +83,7 @@ class DatasetInfo:
     loader: DatasetLoader = field(
         default=lambda info, _data_dir, _download: _unloadable(info), repr=False, compare=False
     )
+    caveat: str | None = None
 
 
 DatasetLoader = Callable[[DatasetInfo, "str | Path | None", bool], ImageDataset]
@@ -109,7 +112,7 @@ def _load_idx(info: DatasetInfo, data_dir: str | Path | None, download: bool) ->
     Privacy: reads the private data into memory; a label out of range is refused with the
     file's name and the largest label (a defect of the file, never logged otherwise).
     """
-    files = sources.locate(info.name, data_dir, _find_idx_files, _IDX_EXPECTED, download=download)
+    files = sources.locate(info.name, data_dir, idx.find_idx_files, idx.EXPECTED, download=download)
     arrays: list[np.ndarray] = []
     for split in ("train", "test"):
         images, labels = idx.load_idx_split(files[f"{split}_images"], files[f"{split}_labels"])
@@ -120,14 +123,6 @@ def _load_idx(info: DatasetInfo, data_dir: str | Path | None, download: bool) ->
             )
         arrays.extend([images, labels])
     return _make(info, *arrays)
-
-
-def _find_idx_files(candidate: Path) -> dict[str, Path] | None:
-    """The four IDX files in ``candidate``, or ``None`` unless all of them are there."""
-    found = {key: idx.find_idx_file(candidate, stem) for key, stem in idx.MNIST_FILES.items()}
-    if any(path is None for path in found.values()):
-        return None
-    return {key: path for key, path in found.items() if path is not None}
 
 
 def _load_cifar(
@@ -200,6 +195,14 @@ DATASETS: dict[str, DatasetInfo] = {
             10,
             cifar.CIFAR10.class_names,
             loader=functools.partial(_load_cifar, cifar.CIFAR10),
+        ),
+        DatasetInfo(
+            cifar_jpeg.NAME,
+            "CIFAR-10 as a lossy JPEG (q75) copy, 32x32 RGB (no download)",
+            10,
+            cifar.CIFAR10.class_names,
+            loader=lambda _info, data_dir, _download: cifar_jpeg.load_cifar10_jpeg(data_dir),
+            caveat=cifar_jpeg.CAVEAT,
         ),
         DatasetInfo(
             "cifar100",

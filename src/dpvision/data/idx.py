@@ -21,10 +21,12 @@ import numpy as np
 from dpvision.errors import DPVisionError
 
 __all__ = [
+    "EXPECTED",
     "IDX_IMAGES_MAGIC",
     "IDX_LABELS_MAGIC",
     "MNIST_FILES",
     "find_idx_file",
+    "find_idx_files",
     "load_idx_split",
     "read_idx",
 ]
@@ -142,3 +144,16 @@ def _read_bytes(path: Path) -> bytes:
         raise DPVisionError(
             f"{path}: truncated or corrupt gzip data ({exc}); download the file again"
         ) from exc
+
+
+EXPECTED = ", ".join(f"{stem}[.gz]" for stem in MNIST_FILES.values())
+"""The four files, as the lookup's error messages name them."""
+
+
+def find_idx_files(candidate: Path) -> dict[str, Path] | None:
+    """The four IDX files of :data:`MNIST_FILES` in ``candidate``, or ``None`` unless all of
+    them are there."""
+    found = {key: find_idx_file(candidate, stem) for key, stem in MNIST_FILES.items()}
+    if any(path is None for path in found.values()):
+        return None
+    return {key: path for key, path in found.items() if path is not None}

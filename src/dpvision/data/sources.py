@@ -64,6 +64,7 @@ __all__ = [
     "downloads_allowed",
     "locate",
     "mirror_env_var",
+    "unpack_archive",
 ]
 
 logger = logging.getLogger(__name__)
@@ -241,7 +242,7 @@ def download_file(name: str, item: RemoteFile, urls: tuple[str, ...], target: Pa
                 logger.warning("%s", error)
                 continue
             if item.unpack:
-                _unpack(tmp, target, item.filename)
+                unpack_archive(tmp, target, item.filename)
                 return target
             destination = target / item.filename
             os.replace(tmp, destination)
@@ -294,8 +295,10 @@ def _fetch(url: str, destination: Path) -> dict[str, str]:
     return {"md5": md5.hexdigest(), "sha256": sha256.hexdigest()}
 
 
-def _unpack(archive: Path, target: Path, filename: str) -> None:
-    """Unpacks a verified ``.tar.gz`` into ``target``, one top-level entry at a time, atomically.
+def unpack_archive(archive: Path, target: Path, filename: str) -> None:
+    """Unpacks a ``.tar.gz`` or ``.tar.xz`` into ``target``, one top-level entry at a time,
+    atomically; an entry with an absolute path, ``..`` or other than a file or folder is
+    refused and nothing is saved.
 
     The archive is extracted into a temporary folder inside ``target``; each top-level entry is
     then renamed into place (an older incomplete copy is moved aside and deleted).
@@ -303,7 +306,7 @@ def _unpack(archive: Path, target: Path, filename: str) -> None:
     staging = Path(tempfile.mkdtemp(prefix=f".{filename}.", suffix=".unpack", dir=target))
     try:
         try:
-            with tarfile.open(archive, "r:gz") as tar:
+            with tarfile.open(archive, "r:*") as tar:
                 members = tar.getmembers()
                 for member in members:
                     parts = PurePosixPath(member.name).parts

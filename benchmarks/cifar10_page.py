@@ -1,0 +1,132 @@
+"""Writes ``docs/results/cifar10.md`` from the runs ``benchmarks/cifar10.py`` stored.
+
+One table per seed paper, a line per published row: the paper's number, dpvision's (median
+over seeds, min–max), ε as the ledger reports it, the seeds, the median wall time and peak
+memory, the commit. A row more than the band (± 2 points) plus the copy's expected cost
+below the paper's number needs a reason (``WHY``, written from a measurement); without one
+the page says *unexplained*. Rows not run yet show their command, and their projected time
+where ``--project`` timed a fraction.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+BAND = 0.02
+"""The papers' band around their number (± 2 points, as the configs' ``[reference]``)."""
+
+WHY: dict[str, str] = {}
+"""Row key → why it is outside the band plus the copy's cost, with the measurement."""
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.2f}"
+
+
+def _epsilon(value: float) -> str:
+    return "∞" if math.isinf(value) else f"{value:g}"
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+def _measured(row: Any, runs: list[dict[str, Any]], copy_cost: float) -> list[str]:
+    accuracies = [r["test_accuracy"] for r in runs]
+    median = statistics.median(accuracies)
+    spread = f" ({_pct(min(accuracies))}–{_pct(max(accuracies))})" if len(runs) > 1 else ""
+    reported = max(r["epsilon"] for r in runs)
+    wall = statistics.median(r["wall_seconds"] for r in runs)
+    peak = max(r["peak_rss_gib"] for r in runs)
+    commits = sorted({r["commit"] for r in runs})
+    status = ""
+    if row.published is not None:
+        gap = median - row.published
+        if gap < -(BAND + copy_cost):
+            status = WHY.get(row.key, "**unexplained**: below the band by more than the copy")
+        elif gap < -BAND:
+            status = "below the band, within the copy's expected cost"
+        elif gap > BAND:
+            status = "above the band"
+        else:
+            status = "within the band"
+    return [
+        f"**{_pct(median)}**{spread}",
+        f"{_epsilon(reported)}",
+        f"{len(runs)}",
+        _duration(wall),
+        f"{peak:.1f} GiB",
+        ", ".join(c[:12] for c in commits),
+        status,
+    ]
+
+
+def write_page(
+    rows: Sequence[Any], store: dict[str, Any], page: Path, copy: str, copy_cost: float
+) -> None:
+    """Writes the page for ``rows`` from ``store`` (``docs/results/cifar10.json``); ``copy``
+    names the dataset copy, ``copy_cost`` is its expected cost against the papers."""
+    by_row: dict[str, list[dict[str, Any]]] = {}
+    for run in store["runs"]:
+        by_row.setdefault(run["row"], []).append(run)
+    projections: dict[str, list[dict[str, Any]]] = {}
+    for projection in store.get("projections", []):
+        projections.setdefault(projection["row"], []).append(projection)
+    machines = sorted({r["machine"] for r in store["runs"]})
+    lines = [
+        "# CIFAR-10: the seed papers' tables, measured with dpvision",
+        "",
+        f"**The copy.** Every number on this page comes from {copy}. The papers used the "
+        "original pixels, so a row up to 3 points below the paper's band is within the "
+        "copy's expected cost; a row further below says why.",
+        "",
+        "Made by `benchmarks/cifar10.py` (rows, commands and what is measured: its docstring); "
+        "the runs are in [`cifar10.json`](cifar10.json). Accuracy is the test accuracy at the "
+        "end of the run (the papers report the best over epochs or the final one, as their "
+        "tables say), as a percentage: the median over seeds (min–max). ε is what the run's "
+        "ledger reports (δ = 1e-5 throughout). Wall time is the median of one run, peak "
+        "memory the largest resident set of any of them, on "
+        f"{'; '.join(machines) or 'no machine yet'}. Hyper-parameters are the papers' (the "
+        "configs under `configs/`) or chosen on a validation split, never on the test set.",
+        "",
+    ]
+    papers: dict[str, list[Any]] = {}
+    for row in rows:
+        papers.setdefault(row.paper, []).append(row)
+    head = (
+        "| row | paper | ε | published | dpvision | reported ε | seeds | wall | peak memory "
+        "| commit | against the paper |"
+    )
+    for paper, members in papers.items():
+        lines += [f"## {paper}", "", head, "|" + "---|" * 11]
+        notes: list[str] = []
+        for row in members:
+            published = "—" if row.published is None else _pct(row.published)
+            label = f"`{row.key}`: {row.what}"
+            cells = [label, row.table, _epsilon(row.epsilon), published]
+            runs = by_row.get(row.key)
+            if runs:
+                cells += _measured(row, runs, copy_cost)
+            else:
+                projected = projections.get(row.key, [])
+                where = "; ".join(
+                    f"projected {_duration(p['projected_seconds'])} on {p['device']} "
+                    f"({p['machine']}, from {p['timed_steps'][0]} and {p['timed_steps'][1]} "
+                    "timed steps)"
+                    for p in projected
+                )
+                where = where or ("GPU hours" if row.gpu else "")
+                cells += ["not run yet", "", "", "", "", "", where]
+            lines.append("| " + " | ".join(cells) + " |")
+            if row.note:
+                notes.append(f"- `{row.key}`: {row.note}.")
+        lines += ["", "Commands (add `--seed N`; `{work}` is a scratch folder):", ""]
+        for row in members:
+            for command in row.commands:
+                lines.append(f"    dpvision {' '.join(command)}")
+        lines += ["", *notes, ""] if notes else [""]
+    page.write_text("\n".join(lines).rstrip() + "\n")

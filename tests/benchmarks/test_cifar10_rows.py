@@ -1,0 +1,156 @@
+"""benchmarks/cifar10.py: every row's commands resolve to a valid run, a row runs and lands
+in the store with what it measured, and the page says where each row stands.
+
+No CIFAR-10 is read: the commands are parsed and resolved (as the docs' commands are, in
+tests/test_docs_code.py), and the run goes through a digits row.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import cifar10  # noqa: E402 (the benchmark is a script folder, not a package)
+import cifar10_page  # noqa: E402
+
+
+def test_rows_are_unique_and_name_what_they_compare() -> None:
+    keys = [row.key for row in cifar10.ROWS]
+    assert len(keys) == len(set(keys))
+    for row in cifar10.ROWS:
+        assert row.published is None or 0 < row.published < 1
+        assert row.commands
+        assert row.commands[-1][0] == "train"
+        assert row.seeds in (1, 3)
+    papers = {row.paper for row in cifar10.ROWS}
+    assert papers == {cifar10.T0, cifar10.T2, cifar10.T3, cifar10.T4}
+
+
+@pytest.mark.parametrize("row", cifar10.ROWS, ids=lambda row: row.key)
+def test_every_command_resolves_to_a_valid_run(
+    row: cifar10.Row, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dpvision.cli import build_parser
+    from dpvision.cli.arguments import run_flags
+    from dpvision.config import resolve
+
+    monkeypatch.chdir(ROOT)
+    (tmp_path / "encoder_wrn10_1.pt").touch()
+    (tmp_path / "encoder.pt").touch()
+    for command in row.commands:
+        argv = cifar10._fill(command, seed="0", json=str(tmp_path / "r.json"), work=str(tmp_path))
+        args = build_parser().parse_args(argv)
+        if argv[0] != "train":
+            continue
+        config = resolve(args.config, run_flags(args), list(args.set))
+        assert config.dataset == "cifar10-jpeg"
+        if config.method in ("dp-sgd", "dp-randp"):
+            assert config.dpsgd is not None  # the learner options validate
+        assert config.epsilon == row.epsilon or (
+            config.epsilon is None and config.noise_multiplier is not None
+        )
+
+
+def _row(**changes: object) -> cifar10.Row:
+    base = cifar10.Row(
+        key="digits-dp-ls",
+        paper="A paper",
+        table="Table 9",
+        what="dp-ls on digits",
+        epsilon=1.0,
+        published=0.5,
+        commands=(
+            (
+                "train",
+                "--dataset",
+                "digits",
+                "--method",
+                "dp-ls",
+                "--features",
+                "pixels",
+                "--epsilon",
+                "1",
+                "--quiet",
+            ),
+        ),
+        seeds=1,
+    )
+    return cifar10.Row(**{**base.__dict__, **changes})  # type: ignore[arg-type]
+
+
+def test_a_row_runs_and_its_measurements_land_in_the_store(tmp_path: Path) -> None:
+    store = {"copy": "x", "runs": [], "projections": []}
+    saved: list[dict] = []
+    original = cifar10._save
+    cifar10._save = lambda s: saved.append(json.loads(json.dumps(s)))  # type: ignore[assignment]
+    try:
+        cifar10.run_row(_row(), [0], tmp_path, store)
+    finally:
+        cifar10._save = original  # type: ignore[assignment]
+    (run,) = store["runs"]
+    assert run["row"] == "digits-dp-ls"
+    assert run["seed"] == 0
+    assert run["dataset"] == "digits"
+    assert 0.3 < run["test_accuracy"] <= 1
+    assert run["epsilon"] <= 1.0
+    assert run["wall_seconds"] > 0
+    assert 0.05 < run["peak_rss_gib"] < 16
+    assert run["commit"]
+    assert run["commands"] == [shlex.join(["dpvision", *_row().commands[0]])]
+    assert saved[-1]["runs"] == store["runs"]
+
+
+def _page(tmp_path: Path, rows: list[cifar10.Row], runs: list[dict]) -> str:
+    store = {"runs": runs, "projections": []}
+    page = tmp_path / "page.md"
+    cifar10_page.write_page(rows, store, page, "the copy", 0.03)
+    return page.read_text()
+
+
+def _run(row: str, accuracy: float, seed: int = 0) -> dict:
+    return {
+        "row": row,
+        "seed": seed,
+        "test_accuracy": accuracy,
+        "epsilon": 0.999,
+        "wall_seconds": 60.0,
+        "peak_rss_gib": 1.0,
+        "commit": "abc",
+        "machine": "x86_64, 2 cores",
+    }
+
+
+def test_the_page_says_where_each_row_stands_against_the_paper(tmp_path: Path) -> None:
+    rows = [_row(key=k, published=0.70) for k in ("in", "copy", "far", "none", "gpu")]
+    rows[-1] = _row(key="gpu", published=0.70, gpu=True)
+    runs = [
+        _run("in", 0.69),
+        _run("copy", 0.665),
+        _run("far", 0.60),
+        _run("far", 0.62, seed=1),
+        _run("far", 0.61, seed=2),
+    ]
+    text = _page(tmp_path, rows, runs)
+    line = {key: next(x for x in text.splitlines() if f"`{key}`" in x) for key in ("in", "copy")}
+    assert "within the band" in line["in"]
+    assert "within the copy's expected cost" in line["copy"]
+    far = next(x for x in text.splitlines() if "`far`" in x)
+    assert "**61.00** (60.00–62.00)" in far
+    assert "**unexplained**" in far
+    assert "not run yet" in next(x for x in text.splitlines() if "`none`" in x)
+    assert "GPU hours" in next(x for x in text.splitlines() if "`gpu`" in x)
+    assert "the copy" in text
+
+
+def test_a_reason_replaces_unexplained(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setitem(cifar10_page.WHY, "far", "the non-private run is 5 points lower too")
+    text = _page(tmp_path, [_row(key="far", published=0.7)], [_run("far", 0.6)])
+    assert "the non-private run is 5 points lower too" in text
+    assert "unexplained" not in text

@@ -73,7 +73,8 @@ class Row:
     commands and seeds) are filled in. ``published`` is the paper's accuracy (fraction), or
     ``None`` where the paper has no number for this setting (the comparison rows).
     ``seeds``: how many seeds the row runs. ``gpu``: accelerator hours, projected here.
-    ``steps``: the row's DP-SGD steps, for ``--project``.
+    ``steps``, ``pretrain_steps``: the row's DP-SGD and Phase I steps, for ``--project``;
+    ``project_sets``: ``--set`` items its timed runs add (e.g. no Phase II in a 4-step run).
     """
 
     key: str
@@ -86,6 +87,8 @@ class Row:
     seeds: int = 3
     gpu: bool = False
     steps: int | None = None
+    pretrain_steps: int | None = None
+    project_sets: tuple[str, ...] = ()
     note: str = ""
 
 
@@ -379,6 +382,7 @@ ROWS: tuple[Row, ...] = (
         (_config("seed003/cifar10_wrn16_4_eps1.toml"),),
         seeds=1,
         gpu=True,
+        steps=875,
     ),
     Row(
         "t2-randp-wrn16-4-eps1",
@@ -391,7 +395,7 @@ ROWS: tuple[Row, ...] = (
             (
                 "pretrain",
                 "--config",
-                "configs/seed002/cifar10_wrn16_4_eps1.toml",
+                "configs/seed002/cifar10_pretrain_wrn16_4.toml",
                 "--out",
                 "{work}/encoder.pt",
             ),
@@ -400,6 +404,8 @@ ROWS: tuple[Row, ...] = (
         seeds=1,
         gpu=True,
         steps=875,
+        pretrain_steps=82031,
+        project_sets=("learner.phase2_steps=0",),
     ),
 )
 
@@ -501,25 +507,40 @@ def run_row(row: Row, seeds: list[int], work: Path, store: dict[str, Any]) -> No
         )
 
 
-def project_row(row: Row, work: Path, store: dict[str, Any], k: int) -> None:
-    """Times the row's last command at ``learner.steps`` = k and 2k and projects the whole
-    run (the difference is the time of k steps; the rest is the fixed cost)."""
-    if row.steps is None:
-        raise SystemExit(f"{row.key}: no step count to project from")
-    for command in row.commands[:-1]:
-        code, _, _ = _run(_fill(command, seed="0", json="", work=str(work)), work / "p.log")
-        if code != 0:
-            raise SystemExit(f"{row.key}: a preparing command failed; see {work}/p.log")
+def _timed(argv: list[str], steps_flag: list[str], k: int, work: Path) -> tuple[float, float]:
+    """Runs ``argv`` with k and with 2k steps; returns (seconds per step, fixed seconds)."""
     times = []
     for steps in (k, 2 * k):
-        argv = _fill(row.commands[-1], seed="0", json="", work=str(work))
-        argv += ["--set", f"learner.steps={steps}", "--json", str(work / "p.json")]
-        code, seconds, _ = _run(argv, work / "p.log")
+        code, seconds, _ = _run(argv + [f.format(steps=steps) for f in steps_flag], work / "p.log")
         if code != 0:
-            raise SystemExit(f"{row.key}: exit {code}; see {work}/p.log")
+            raise SystemExit(f"exit {code} timing {argv[0]}; see {work}/p.log")
         times.append(seconds)
     per_step = max(times[1] - times[0], 0.0) / k
-    fixed = max(times[0] - k * per_step, 0.0)
+    return per_step, max(times[0] - k * per_step, 0.0)
+
+
+def project_row(row: Row, work: Path, store: dict[str, Any], k: int) -> None:
+    """Times each of the row's commands at k and 2k steps and projects the whole row: per
+    command, the fixed cost plus its steps times the time of one step (the difference of the
+    two runs over k). A Phase I pre-training is timed the same way (``--steps``); the train
+    command with ``learner.steps`` and the row's ``project_sets``."""
+    if row.steps is None:
+        raise SystemExit(f"{row.key}: no step count to project from")
+    projected, parts = 0.0, []
+    for command in row.commands:
+        argv = _fill(command, seed="0", json="", work=str(work))
+        if argv[0] == "pretrain":
+            if row.pretrain_steps is None:
+                raise SystemExit(f"{row.key}: no pre-training step count to project from")
+            per_step, fixed = _timed(argv, ["--steps", "{steps}"], k, work)
+            total = row.pretrain_steps
+        else:
+            sets = [x for item in row.project_sets for x in ("--set", item)]
+            argv += [*sets, "--json", str(work / "p.json")]
+            per_step, fixed = _timed(argv, ["--set", "learner.steps={steps}"], k, work)
+            total = row.steps
+        projected += fixed + total * per_step
+        parts.append({"command": argv[0], "seconds_per_step": round(per_step, 3), "steps": total})
     store["projections"] = [
         p for p in store["projections"] if not (p["row"] == row.key and p["machine"] == _machine())
     ]
@@ -527,9 +548,8 @@ def project_row(row: Row, work: Path, store: dict[str, Any], k: int) -> None:
         {
             "row": row.key,
             "timed_steps": [k, 2 * k],
-            "timed_seconds": [round(t, 1) for t in times],
-            "seconds_per_step": round(per_step, 3),
-            "projected_seconds": round(fixed + row.steps * per_step),
+            "parts": parts,
+            "projected_seconds": round(projected),
             "machine": _machine(),
             "device": _device(),
             "commit": _commit(),

@@ -154,3 +154,35 @@ def test_a_reason_replaces_unexplained(tmp_path: Path, monkeypatch) -> None:
     text = _page(tmp_path, [_row(key="far", published=0.7)], [_run("far", 0.6)])
     assert "the non-private run is 5 points lower too" in text
     assert "unexplained" not in text
+
+
+def test_a_projection_times_k_and_2k_steps_of_each_command(tmp_path: Path) -> None:
+    row = _row(
+        key="digits-pretrain-and-train",
+        commands=(
+            ("pretrain", "--model", "mlp-16", "--synthetic", "dead-leaves-squares", "--size", "8",
+             "--channels", "1", "--num-images", "64", "--batch-size", "16",
+             "--out", "{work}/encoder.pt", "--quiet"),
+            ("train", "--dataset", "digits", "--method", "dp-sgd", "--features", "pixels",
+             "--epsilon", "1", "--set", 'learner.model="mlp-16"', "--set",
+             "learner.batch_size=64", "--quiet"),
+        ),
+        steps=500,
+        pretrain_steps=1000,
+    )  # fmt: skip
+    store = {"copy": "x", "runs": [], "projections": []}
+    original = cifar10._save
+    cifar10._save = lambda s: None  # type: ignore[assignment]
+    try:
+        cifar10.project_row(row, tmp_path, store, 1)
+    finally:
+        cifar10._save = original  # type: ignore[assignment]
+    (projection,) = store["projections"]
+    assert projection["timed_steps"] == [1, 2]
+    assert [part["command"] for part in projection["parts"]] == ["pretrain", "train"]
+    assert [part["steps"] for part in projection["parts"]] == [1000, 500]
+    assert projection["projected_seconds"] > 0
+    assert projection["device"] == "cpu"
+    log = (tmp_path / "p.log").read_text()
+    assert "--steps 1" in log
+    assert "learner.steps=2" in log

@@ -7,6 +7,7 @@ tests/test_docs_code.py), and the run goes through a digits row.
 
 from __future__ import annotations
 
+import itertools
 import json
 import shlex
 import sys
@@ -186,3 +187,36 @@ def test_a_projection_times_k_and_2k_steps_of_each_command(tmp_path: Path) -> No
     log = (tmp_path / "p.log").read_text()
     assert "--steps 1" in log
     assert "learner.steps=2" in log
+
+
+def test_the_ablation_adds_one_technique_per_row_in_the_papers_order() -> None:
+    from dpvision.cli import build_parser
+    from dpvision.cli.arguments import run_flags
+    from dpvision.config import resolve
+
+    def learner(row: cifar10.Row) -> dict:
+        args = build_parser().parse_args(list(row.commands[-1]))
+        return dict(resolve(args.config, run_flags(args), list(args.set)).learner)
+
+    rows = [row for row in cifar10.ROWS if row.key.startswith("t3-ablation-")]
+    steps = [learner(row) for row in rows]
+    first = steps[0]
+    assert first["model_args"] == {
+        "depth": 10,
+        "width": 1,
+        "group_norm": False,
+        "standardize": False,
+    }
+    assert (first["batch_size"], first["augmult"], first["ema_decay"]) == (256, 0, 0.0)
+    changed = []
+    for before, after in itertools.pairwise(steps):
+        flat = {**before, **before["model_args"]}
+        now = {**after, **after["model_args"]}
+        changed.append(sorted(k for k in now if k != "model_args" and now[k] != flat.get(k)))
+    assert changed == [
+        ["group_norm"],
+        ["batch_size"],
+        ["standardize"],
+        ["augmult"],
+        ["ema_decay"],
+    ]

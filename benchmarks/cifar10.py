@@ -75,6 +75,11 @@ class Row:
     ``seeds``: how many seeds the row runs. ``gpu``: accelerator hours, projected here.
     ``steps``, ``pretrain_steps``: the row's DP-SGD and Phase I steps, for ``--project``;
     ``project_sets``: ``--set`` items its timed runs add (e.g. no Phase II in a 4-step run).
+    ``against``: the row this one is a claim against (the same features with DP-SGD, the
+    previous step of an ablation, DP-SGD from scratch); the page shows the difference beside
+    the paper's (``published_delta``, ``None`` where the paper gives only the direction).
+    ``level``: whether the paper's number is a level to reach here (False for CPU-sized
+    stand-ins of GPU-scale runs, which show the difference only).
     """
 
     key: str
@@ -89,6 +94,9 @@ class Row:
     steps: int | None = None
     pretrain_steps: int | None = None
     project_sets: tuple[str, ...] = ()
+    against: str | None = None
+    published_delta: float | None = None
+    level: bool = True
     note: str = ""
 
 
@@ -155,6 +163,9 @@ def _feature_rows() -> list[Row]:
                     epsilon=epsilon,
                     published=None,
                     commands=(command,),
+                    against=None
+                    if method == "dp-sgd-linear"
+                    else f"t0-dp-sgd-linear-eps{epsilon:g}",
                     note="the paper's numbers need JFT/ImageNet backbones (ViT, ResNet-50) "
                     "that are not reachable here; the row shows its claim on ScatterNet",
                 )
@@ -197,7 +208,7 @@ ABLATION = (  # (key, what, paper's validation accuracy, the options it adds)
 
 
 def _ablation_rows() -> list[Row]:
-    rows, options = [], dict(ABLATION_BASE)
+    rows, options, previous = [], dict(ABLATION_BASE), None
     for key, what, published, added in ABLATION:
         model_args = {**options.get("model_args", {}), **added.get("model_args", {})}
         options = {**options, **added, "model_args": model_args}
@@ -215,10 +226,15 @@ def _ablation_rows() -> list[Row]:
                 epsilon=8.0,
                 published=published,
                 commands=(command,),
+                seeds=1,
+                against=None if previous is None else f"t3-ablation-{previous[0]}",
+                published_delta=None if previous is None else published - previous[1],
+                level=False,
                 note="a direction, not a level: WRN-10-1 for 1 epoch against the paper's "
                 "WRN-40-4 for thousands of steps",
             )
         )
+        previous = (key, published)
     return rows
 
 
@@ -263,13 +279,15 @@ def _randp_rows() -> list[Row]:
                 epsilon,
                 probe,
                 (RANDP_PRETRAIN, probe_command),
+                level=False,
                 note="the paper's encoder is a WRN-16-4 pre-trained for 82 031 steps",
             )
         )
+        scratch = {1.0: 0.568, 3.0: 0.692}[epsilon]  # De et al.'s WRN-16-4, seed 002's Table 1
         for name, method, extra, published in (
+            ("scratch", "dp-sgd", {"normalization": "dataset"}, scratch),
             ("randp", "dp-randp", {"encoder": "{work}/encoder_wrn10_1.pt", "phase2_steps": 24},
              three),
-            ("scratch", "dp-sgd", {"normalization": "dataset"}, None),
         ):  # fmt: skip
             command = (
                 "train", "--dataset", DATASET, "--method", method, "--features", "pixels",
@@ -286,6 +304,9 @@ def _randp_rows() -> list[Row]:
                     published,
                     ((RANDP_PRETRAIN,) if name == "randp" else ()) + (command,),
                     seeds=1,
+                    against=f"t2-scratch-wrn10-1-eps{epsilon:g}" if name == "randp" else None,
+                    published_delta=three - scratch if name == "randp" else None,
+                    level=False,
                     note="CPU-sized: the paper's WRN-16-4 runs 875+ steps at B 4096, K 16",
                 )
             )

@@ -35,7 +35,27 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
 
 
-def _measured(row: Any, runs: list[dict[str, Any]], copy_cost: float) -> list[str]:
+def _median(runs: list[dict[str, Any]]) -> float:
+    return statistics.median(r["test_accuracy"] for r in runs)
+
+
+def _against(row: Any, median: float, by_row: dict[str, list[dict[str, Any]]]) -> str:
+    """The row's difference from the row it is a claim against, beside the paper's."""
+    other = by_row.get(row.against)
+    if not other:
+        return f"against `{row.against}`: not run yet"
+    delta = 100 * (median - _median(other))
+    text = f"{delta:+.2f} points against `{row.against}`"
+    if row.published_delta is None:
+        return text
+    paper = 100 * row.published_delta
+    same = (delta > 0) == (paper > 0)
+    return f"{text} (paper {paper:+.1f}: {'same direction' if same else '**opposite**'})"
+
+
+def _measured(
+    row: Any, runs: list[dict[str, Any]], copy_cost: float, by_row: dict[str, list[Any]]
+) -> list[str]:
     accuracies = [r["test_accuracy"] for r in runs]
     median = statistics.median(accuracies)
     spread = f" ({_pct(min(accuracies))}–{_pct(max(accuracies))})" if len(runs) > 1 else ""
@@ -44,7 +64,7 @@ def _measured(row: Any, runs: list[dict[str, Any]], copy_cost: float) -> list[st
     peak = max(r["peak_rss_gib"] for r in runs)
     commits = sorted({r["commit"] for r in runs})
     status = ""
-    if row.published is not None:
+    if row.published is not None and row.level:
         gap = median - row.published
         if gap < -(BAND + copy_cost):
             status = WHY.get(row.key, "**unexplained**: below the band by more than the copy")
@@ -54,9 +74,11 @@ def _measured(row: Any, runs: list[dict[str, Any]], copy_cost: float) -> list[st
             status = "above the band"
         else:
             status = "within the band"
+    if row.against is not None:
+        status = "; ".join(x for x in (status, _against(row, median, by_row)) if x)
     return [
         f"**{_pct(median)}**{spread}",
-        f"{_epsilon(reported)}",
+        "∞" if math.isinf(reported) else f"{reported:.3f}",
         f"{len(runs)}",
         _duration(wall),
         f"{peak:.1f} GiB",
@@ -110,7 +132,7 @@ def write_page(
             cells = [label, row.table, _epsilon(row.epsilon), published]
             runs = by_row.get(row.key)
             if runs:
-                cells += _measured(row, runs, copy_cost)
+                cells += _measured(row, runs, copy_cost, by_row)
             else:
                 projected = projections.get(row.key, [])
                 where = "; ".join(

@@ -220,3 +220,19 @@ def test_the_ablation_adds_one_technique_per_row_in_the_papers_order() -> None:
         ["augmult"],
         ["ema_decay"],
     ]
+
+
+def test_a_claim_row_shows_its_difference_beside_the_papers(tmp_path: Path) -> None:
+    base = _row(key="scratch", published=0.57, level=False)
+    claim = _row(key="prior", published=0.72, level=False, against="scratch", published_delta=0.15)
+    worse = _row(key="worse", published=None, against="scratch", published_delta=0.1)
+    text = _page(
+        tmp_path,
+        [base, claim, worse],
+        [_run("scratch", 0.40), _run("prior", 0.45), _run("worse", 0.38)],
+    )
+    prior = next(x for x in text.splitlines() if "`prior`:" in x)
+    assert "+5.00 points against `scratch` (paper +15.0: same direction)" in prior
+    assert "unexplained" not in prior  # a CPU-sized stand-in is not held to the level
+    worse_line = next(x for x in text.splitlines() if "`worse`:" in x)
+    assert "-2.00 points against `scratch` (paper +10.0: **opposite**)" in worse_line

@@ -54,8 +54,8 @@ COPY = (
 )
 COPY_COST = 0.03
 """The copy's expected cost against a paper's number on the original pixels (upper end)."""
-LONG_RUN_S = 30 * 60
-"""A row whose one run takes longer than this here runs one seed, not three."""
+FEATURES_MADE = " train: 0/"
+"""What a run's progress log shows when it extracts features (none when they were cached)."""
 SEEDS = (0, 1, 2)
 
 T4 = "Tramèr & Boneh 2021 (seed 004)"
@@ -487,14 +487,20 @@ def run_row(row: Row, seeds: list[int], work: Path, store: dict[str, Any]) -> No
     for seed in seeds:
         out = work / f"{row.key}_seed{seed}.json"
         wall = peak = 0.0
+        extracted = False
         for command in row.commands:
             argv = _fill(command, seed=str(seed), json=str(out), work=str(work))
             if _made(argv):
                 continue  # a shared preparation (Phase I's encoder) this folder already has
             if command is row.commands[-1]:
                 argv += ["--seed", str(seed), "--json", str(out)]
-            code, seconds, rss = _run(argv, work / f"{row.key}.log")
+            log = work / f"{row.key}.log"
+            before = log.stat().st_size if log.exists() else 0
+            code, seconds, rss = _run(argv, log)
             wall, peak = wall + seconds, max(peak, rss)
+            with log.open("rb") as text:
+                text.seek(before)
+                extracted = extracted or FEATURES_MADE in text.read().decode(errors="replace")
             if code != 0:
                 raise SystemExit(f"{row.key} seed {seed}: exit {code}; see {work / row.key}.log")
         result = json.loads(out.read_text())
@@ -513,6 +519,7 @@ def run_row(row: Row, seeds: list[int], work: Path, store: dict[str, Any]) -> No
                 "noise_multiplier": result.get("noise_multiplier"),
                 "steps": result.get("steps"),
                 "wall_seconds": round(wall, 1),
+                "features_extracted": extracted,
                 "peak_rss_gib": round(peak, 2),
                 "commit": _commit(),
                 "date": datetime.date.today().isoformat(),

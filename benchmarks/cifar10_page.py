@@ -146,6 +146,13 @@ def write_page(
             lines.append("| " + " | ".join(cells) + " |")
             if row.note:
                 notes.append(f"- `{row.key}`: {row.note}.")
+            for run in runs or []:
+                if run.get("features_extracted") and len(runs or []) > 1:
+                    notes.append(
+                        f"- `{row.key}`: seed {run['seed']}'s run extracted the features "
+                        f"({_duration(run['wall_seconds'])} in all); the others read them "
+                        "from the cache."
+                    )
         lines += ["", "Commands (add `--seed N`; `{work}` is a scratch folder):", ""]
         for row in members:
             for command in row.commands:

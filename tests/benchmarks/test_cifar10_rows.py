@@ -236,3 +236,28 @@ def test_a_claim_row_shows_its_difference_beside_the_papers(tmp_path: Path) -> N
     assert "unexplained" not in prior  # a CPU-sized stand-in is not held to the level
     worse_line = next(x for x in text.splitlines() if "`worse`:" in x)
     assert "-2.00 points against `scratch` (paper +10.0: **opposite**)" in worse_line
+
+
+def test_every_cifar10_config_resolves_on_the_jpeg_copy(monkeypatch) -> None:
+    import tomllib
+
+    from dpvision.config import resolve
+    from dpvision.errors import DPVisionError
+
+    monkeypatch.chdir(ROOT)
+    files = [
+        path
+        for path in sorted((ROOT / "configs").rglob("*.toml"))
+        if tomllib.loads(path.read_text()).get("dataset") == "cifar10"
+    ]
+    assert len(files) >= 40
+    resolved = 0
+    for path in files:
+        try:
+            resolve(path)
+        except DPVisionError:
+            continue  # needs a weight file first (the fine-tuning configs): not a data question
+        config = resolve(path, {"dataset": "cifar10-jpeg"}, [])
+        assert config.dataset == "cifar10-jpeg", path
+        resolved += 1
+    assert resolved >= 30

@@ -482,8 +482,11 @@ def _machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores"
 
 
-def run_row(row: Row, seeds: list[int], work: Path, store: dict[str, Any]) -> None:
-    """Runs ``row`` once per seed, appending each run to ``store`` as it ends."""
+def run_row(
+    row: Row, seeds: list[int], work: Path, store: dict[str, Any], merge: bool = False
+) -> None:
+    """Runs ``row`` once per seed, appending each run to ``store`` as it ends (``merge``:
+    to the runs stored in :data:`RESULTS` by then)."""
     for seed in seeds:
         out = work / f"{row.key}_seed{seed}.json"
         wall = peak = 0.0
@@ -504,6 +507,8 @@ def run_row(row: Row, seeds: list[int], work: Path, store: dict[str, Any]) -> No
             if code != 0:
                 raise SystemExit(f"{row.key} seed {seed}: exit {code}; see {work / row.key}.log")
         result = json.loads(out.read_text())
+        if merge and RESULTS.exists():  # runs another process stored meanwhile are kept
+            store.update({k: v for k, v in _load().items() if k in ("runs", "projections")})
         store["runs"] = [
             r for r in store["runs"] if not (r["row"] == row.key and r["seed"] == seed)
         ]
@@ -547,11 +552,29 @@ def _timed(argv: list[str], steps_flag: list[str], k: int, work: Path) -> tuple[
     return per_step, max(times[0] - k * per_step, 0.0)
 
 
-def project_row(row: Row, work: Path, store: dict[str, Any], k: int) -> None:
+def _views_per_step(argv: list[str]) -> int:
+    """Expected example views of one DP-SGD step of a train command: B · max(K, 1)."""
+    from dpvision.cli import build_parser
+    from dpvision.cli.arguments import run_flags
+    from dpvision.config import resolve
+
+    args = build_parser().parse_args(argv)
+    learner = resolve(args.config, run_flags(args), list(args.set)).learner
+    return int(learner["batch_size"]) * max(int(learner.get("augmult", 0)), 1)
+
+
+def project_row(
+    row: Row, work: Path, store: dict[str, Any], k: int, batch: int | None = None
+) -> None:
     """Times each of the row's commands at k and 2k steps and projects the whole row: per
     command, the fixed cost plus its steps times the time of one step (the difference of the
     two runs over k). A Phase I pre-training is timed the same way (``--steps``); the train
-    command with ``learner.steps`` and the row's ``project_sets``."""
+    command with ``learner.steps`` and the row's ``project_sets``.
+
+    ``batch``: time the train command at expected batch ``batch`` and one view per example
+    instead (a step of B = 4096, K = 16 takes an hour on 2 cores), and scale its step time
+    by the row's example views per step over ``batch`` (linear in the views: the per-example
+    work dominates a step)."""
     if row.steps is None:
         raise SystemExit(f"{row.key}: no step count to project from")
     projected, parts = 0.0, []
@@ -563,12 +586,22 @@ def project_row(row: Row, work: Path, store: dict[str, Any], k: int) -> None:
             per_step, fixed = _timed(argv, ["--steps", "{steps}"], k, work)
             total = row.pretrain_steps
         else:
-            sets = [x for item in row.project_sets for x in ("--set", item)]
+            items = list(row.project_sets)
+            scale = 1.0
+            if batch is not None:
+                scale = _views_per_step(argv) / batch
+                items += [f"learner.batch_size={batch}", "learner.augmult=0"]
+                items += [f"learner.physical_batch_size={batch}"]
+            sets = [x for item in items for x in ("--set", item)]
             argv += [*sets, "--json", str(work / "p.json")]
             per_step, fixed = _timed(argv, ["--set", "learner.steps={steps}"], k, work)
+            per_step *= scale
             total = row.steps
         projected += fixed + total * per_step
         parts.append({"command": argv[0], "seconds_per_step": round(per_step, 3), "steps": total})
+        if batch is not None and argv[0] == "train":
+            parts[-1]["timed_batch"] = batch
+            parts[-1]["views_scale"] = round(scale, 1)
     store["projections"] = [
         p for p in store["projections"] if not (p["row"] == row.key and p["machine"] == _machine())
     ]
@@ -603,6 +636,9 @@ def main() -> int:
     parser.add_argument("--project", action="store_true", help="time k and 2k steps, project")
     parser.add_argument("--project-steps", type=int, default=4, help="k for --project")
     parser.add_argument(
+        "--project-batch", type=int, default=None, help="--project at this batch, K = 1, scaled"
+    )
+    parser.add_argument(
         "--budget", type=float, default=0.0, help="--project: run a row whole if it fits"
     )
     parser.add_argument("--report", action="store_true", help="only rebuild the page")
@@ -627,12 +663,12 @@ def main() -> int:
         started = time.monotonic()
         for row in rows:
             if args.project:
-                project_row(row, work, store, args.project_steps)
+                project_row(row, work, store, args.project_steps, args.project_batch)
                 left = args.budget - (time.monotonic() - started)
                 if store["projections"][-1]["projected_seconds"] < left:
-                    run_row(row, list(SEEDS[: row.seeds]), work, store)
+                    run_row(row, list(SEEDS[: row.seeds]), work, store, merge=True)
             else:
-                run_row(row, list(SEEDS[: args.seeds or row.seeds]), work, store)
+                run_row(row, list(SEEDS[: args.seeds or row.seeds]), work, store, merge=True)
     from cifar10_page import write_page  # a sibling file, not a package
 
     write_page(ROWS, store, PAGE, COPY, COPY_COST)

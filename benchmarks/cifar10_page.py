@@ -32,7 +32,24 @@ def _epsilon(value: float) -> str:
 
 
 def _duration(seconds: float) -> str:
+    if seconds >= 3 * 86400:
+        return f"{seconds / 86400:.0f} days"
     return f"{seconds / 60:.1f} min" if seconds < 5400 else f"{seconds / 3600:.1f} h"
+
+
+def _projection(p: dict[str, Any]) -> str:
+    """One projection in words: the projected time, where, and from what it was timed."""
+    scaled = [q for q in p["parts"] if q.get("timed_batch")]
+    how = (
+        f", the DP-SGD steps timed at B = {scaled[0]['timed_batch']}, K = 1 and scaled by the "
+        f"{scaled[0]['views_scale']:g}× example views of a step"
+        if scaled
+        else ""
+    )
+    return (
+        f"projected {_duration(p['projected_seconds'])} on {p['device']} ({p['machine']}; from "
+        f"{p['timed_steps'][0]} and {p['timed_steps'][1]} timed steps{how})"
+    )
 
 
 def _median(runs: list[dict[str, Any]]) -> float:
@@ -135,13 +152,9 @@ def write_page(
                 cells += _measured(row, runs, copy_cost, by_row)
             else:
                 projected = projections.get(row.key, [])
-                where = "; ".join(
-                    f"projected {_duration(p['projected_seconds'])} on {p['device']} "
-                    f"({p['machine']}, from {p['timed_steps'][0]} and {p['timed_steps'][1]} "
-                    "timed steps)"
-                    for p in projected
-                )
-                where = where or ("GPU hours" if row.gpu else "")
+                where = "; ".join(_projection(p) for p in projected)
+                gpu = "GPU hours: `scripts/gpu-check --cifar` projects and runs it"
+                where = where or (gpu if row.gpu else "")
                 cells += ["not run yet", "", "", "", "", "", where]
             lines.append("| " + " | ".join(cells) + " |")
             if row.note:

@@ -175,7 +175,7 @@ def test_a_projection_times_k_and_2k_steps_of_each_command(tmp_path: Path) -> No
     original = cifar10._save
     cifar10._save = lambda s: None  # type: ignore[assignment]
     try:
-        cifar10.project_row(row, tmp_path, store, 1)
+        cifar10.project_row(row, tmp_path, store, 1, batch=16)
     finally:
         cifar10._save = original  # type: ignore[assignment]
     (projection,) = store["projections"]
@@ -187,6 +187,9 @@ def test_a_projection_times_k_and_2k_steps_of_each_command(tmp_path: Path) -> No
     log = (tmp_path / "p.log").read_text()
     assert "--steps 1" in log
     assert "learner.steps=2" in log
+    # Timed at B = 16, K = 1; the row's step has B = 64: four times the views.
+    assert "learner.batch_size=16" in log
+    assert projection["parts"][1]["views_scale"] == 4.0
 
 
 def test_the_ablation_adds_one_technique_per_row_in_the_papers_order() -> None:

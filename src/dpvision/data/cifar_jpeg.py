@@ -15,7 +15,8 @@ either
 * the unpacked tree: a folder with ``train/`` and ``test/`` (or with ``cifar10-jpeg/``
   holding them), or
 * the archive ``cifar10-jpeg.tar.xz``: unpacked once into ``~/.cache/dpvision/cifar10-jpeg``
-  (atomically, every entry checked) and read from there afterwards.
+  (atomically, every entry checked) and read from there afterwards (delete that folder to
+  unpack a replaced archive again).
 
 Nothing is downloaded. Every image is brought to 32×32 as it is decoded (a public size, never
 read off the images), and the class folders must be CIFAR-10's ten classes.

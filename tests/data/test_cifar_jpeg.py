@@ -113,3 +113,20 @@ def test_the_copy_is_its_own_dataset_never_cifar10() -> None:
     assert not same_dataset("cifar10-jpeg", "cifar10")
     assert "JPEG" in info.description
     assert cifar_jpeg.NAME == "cifar10-jpeg"
+
+
+def test_the_copy_is_standardised_with_cifar10s_published_statistics() -> None:
+    from dpvision.data.inputs import dataset_statistics
+
+    assert dataset_statistics("cifar10-jpeg") == dataset_statistics("cifar10")
+
+
+def test_dataset_normalization_without_statistics_is_refused_before_any_file(tmp_path) -> None:
+    from dpvision.config import resolve
+
+    missing = tmp_path / "nowhere"
+    sets = ['learner.normalization="dataset"', "image_size=32"]
+    with pytest.raises(DPVisionError, match="no published statistics for imagefolder:"):
+        resolve(None, {"dataset": f"imagefolder:{missing}", "method": "dp-sgd"}, sets)
+    config = resolve(None, {"dataset": "CIFAR10-JPEG", "method": "dp-sgd"}, sets[:1])
+    assert config.learner["normalization"] == "dataset"

@@ -17,6 +17,7 @@ from dpvision.data.datasets import (
     check_test_fraction,
     dataset_info,
 )
+from dpvision.data.inputs import dataset_statistics
 from dpvision.data.resize import DEFAULTS as GEOMETRY_DEFAULTS
 from dpvision.data.resize import parse_image_size
 from dpvision.devices import parse_device, parse_precision
@@ -112,6 +113,9 @@ def validate(config: TrainConfig) -> TrainConfig:
         )
     config.placement  # noqa: B018 (a device that is not there is refused before any work)
     _check_public_shape(config)
+    if config.method in DEEP_METHODS and config.learner.get("normalization") == "dataset":
+        info = dataset_info(config.dataset)  # published statistics: refused before any file
+        dataset_statistics(info.name if info is not None else config.dataset.strip())
     config = _resolve_geometry(config)
     if config.preprocessing.kind not in (*PREPROCESSING, AUTO):
         raise DPVisionError(

@@ -96,7 +96,7 @@ def _measured(
     return [
         f"**{_pct(median)}**{spread}",
         "∞" if math.isinf(reported) else f"{reported:.3f}",
-        f"{len(runs)}",
+        f"{len(runs)}" + (f" of {row.seeds}" if len(runs) < row.seeds else ""),
         _duration(wall),
         f"{peak:.1f} GiB",
         ", ".join(c[:12] for c in commits),
@@ -105,7 +105,12 @@ def _measured(
 
 
 def write_page(
-    rows: Sequence[Any], store: dict[str, Any], page: Path, copy: str, copy_cost: float
+    rows: Sequence[Any],
+    store: dict[str, Any],
+    page: Path,
+    copy: str,
+    copy_cost: float,
+    intros: dict[str, str] | None = None,
 ) -> None:
     """Writes the page for ``rows`` from ``store`` (``docs/results/cifar10.json``); ``copy``
     names the dataset copy, ``copy_cost`` is its expected cost against the papers."""
@@ -141,7 +146,8 @@ def write_page(
         "| commit | against the paper |"
     )
     for paper, members in papers.items():
-        lines += [f"## {paper}", "", head, "|" + "---|" * 11]
+        intro = (intros or {}).get(paper)
+        lines += [f"## {paper}", "", *([intro, ""] if intro else []), head, "|" + "---|" * 11]
         notes: list[str] = []
         for row in members:
             published = "—" if row.published is None else _pct(row.published)
@@ -171,4 +177,15 @@ def write_page(
             for command in row.commands:
                 lines.append(f"    dpvision {' '.join(command)}")
         lines += ["", *notes, ""] if notes else [""]
+    waiting = [row for row in rows if row.key not in by_row]
+    if waiting:
+        lines += [
+            "## Not measured yet",
+            "",
+            f"{len(waiting)} of {len(rows)} rows: "
+            + ", ".join(f"`{row.key}`" + (" (GPU)" if row.gpu else "") for row in waiting)
+            + ". `python benchmarks/cifar10.py --rows KEY` runs a row; `--project` times a "
+            "fraction of it first.",
+            "",
+        ]
     page.write_text("\n".join(lines).rstrip() + "\n")

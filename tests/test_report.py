@@ -155,6 +155,9 @@ def test_a_run_on_the_jpeg_copy_outside_the_band_carries_the_copys_caveat() -> N
     assert "2-3 points" in flag
     (plain,) = run_flags({**run, "dataset": "cifar10"})
     assert "JPEG" not in plain
+    # Above the band the copy's cost explains nothing.
+    (above,) = run_flags({**run, "test_accuracy": 0.90})
+    assert "JPEG" not in above
 
 
 def test_report_lists_flagged_runs(tmp_path: Path) -> None:

@@ -61,7 +61,10 @@ def test_the_archive_is_unpacked_once_into_the_cache(tmp_path: Path, monkeypatch
         tar.add(source / "cifar10-jpeg", arcname="cifar10-jpeg")
     monkeypatch.setenv("DPVISION_DATA", str(tmp_path / "shared"))
     first = load_dataset("cifar10-jpeg")
-    unpacked = Path(os.environ["HOME"]) / ".cache" / "dpvision" / "cifar10-jpeg" / "cifar10-jpeg"
+    cache = Path(os.environ["HOME"]) / ".cache" / "dpvision" / "cifar10-jpeg"
+    (copy,) = cache.iterdir()  # one folder per archive, named by its digest
+    assert copy.stat().st_mode & 0o777 == 0o700  # private images: the owner's alone
+    unpacked = copy / "cifar10-jpeg"
     assert (unpacked / "train" / "truck" / "0000.jpg").is_file()
     stamp = (unpacked / "train").stat().st_mtime_ns
     second = load_dataset("cifar10-jpeg")
@@ -130,3 +133,45 @@ def test_dataset_normalization_without_statistics_is_refused_before_any_file(tmp
         resolve(None, {"dataset": f"imagefolder:{missing}", "method": "dp-sgd"}, sets)
     config = resolve(None, {"dataset": "CIFAR10-JPEG", "method": "dp-sgd"}, sets[:1])
     assert config.learner["normalization"] == "dataset"
+
+
+def _archive(folder: Path, source: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(folder / "cifar10-jpeg.tar.xz", "w:xz") as tar:
+        tar.add(source, arcname="cifar10-jpeg")
+
+
+def test_another_archive_never_reads_the_first_ones_copy(tmp_path: Path) -> None:
+    # --data-dir B with another archive (or a neighbouring dataset in an audit) must train
+    # on B's images, not on the copy unpacked from A.
+    first, second = tmp_path / "a" / "cifar10-jpeg", tmp_path / "b" / "cifar10-jpeg"
+    _tree(first)
+    _tree(second)
+    odd = np.full((32, 32, 3), 255, np.uint8)
+    (second / "train" / "cat" / "0001.jpg").write_bytes(_jpeg(odd))
+    _archive(tmp_path / "A" / "cifar10-jpeg", first)
+    _archive(tmp_path / "B" / "cifar10-jpeg", second)
+    assert load_dataset("cifar10-jpeg", data_dir=tmp_path / "A").train_images.shape[0] == 10
+    assert load_dataset("cifar10-jpeg", data_dir=tmp_path / "B").train_images.shape[0] == 11
+
+
+def test_an_archive_with_two_identical_images_stored_as_a_hard_link_loads(tmp_path) -> None:
+    # tar stores a file that shares an inode with another as a hard link: refusing it would
+    # refuse a dataset because two of its images are byte-identical.
+    source = tmp_path / "src" / "cifar10-jpeg"
+    _tree(source)
+    os.link(source / "train" / "cat" / "0000.jpg", source / "train" / "cat" / "0001.jpg")
+    _archive(tmp_path / "shared" / "cifar10-jpeg", source)
+    ds = load_dataset("cifar10-jpeg", data_dir=tmp_path / "shared")
+    assert ds.train_images.shape[0] == 11
+    np.testing.assert_array_equal(ds.train_images[3], ds.train_images[4])
+
+
+def test_other_class_folders_are_refused_before_any_image_is_decoded(tmp_path, monkeypatch):
+    from dpvision.data import imagefolder
+
+    _tree(tmp_path / "cifar10-jpeg")
+    (tmp_path / "cifar10-jpeg" / "train" / "zebra").mkdir()
+    monkeypatch.setattr(imagefolder, "load_image_folder", lambda *a, **k: pytest.fail("read"))
+    with pytest.raises(DPVisionError, match="not CIFAR-10's"):
+        load_dataset("cifar10-jpeg", data_dir=tmp_path)

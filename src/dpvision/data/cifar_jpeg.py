@@ -14,9 +14,9 @@ either
 
 * the unpacked tree: a folder with ``train/`` and ``test/`` (or with ``cifar10-jpeg/``
   holding them), or
-* the archive ``cifar10-jpeg.tar.xz``: unpacked once into ``~/.cache/dpvision/cifar10-jpeg``
-  (atomically, every entry checked) and read from there afterwards (delete that folder to
-  unpack a replaced archive again).
+* the archive ``cifar10-jpeg.tar.xz``: unpacked once into
+  ``~/.cache/dpvision/cifar10-jpeg/<its SHA-256>/`` (atomically, every entry checked, readable
+  by its owner only) and read from there afterwards.
 
 Nothing is downloaded. Every image is brought to 32×32 as it is decoded (a public size, never
 read off the images), and the class folders must be CIFAR-10's ten classes.
@@ -26,6 +26,7 @@ The images are private training data once used; this module reads them and relea
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from dpvision.data import cifar, imagefolder, sources
@@ -60,11 +61,24 @@ def _tree(candidate: Path) -> Path | None:
     return None
 
 
-def find_tree(candidate: Path) -> Path | None:
-    """The unpacked tree in ``candidate``, unpacking ``candidate/cifar10-jpeg.tar.xz`` into
-    the download cache first when only the archive is there; ``None`` when neither is.
+def _digest(archive: Path) -> str:
+    """The first 16 hex digits of the archive's SHA-256: which archive an unpacked copy is of."""
+    sha = hashlib.sha256()
+    with archive.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            sha.update(block)
+    return sha.hexdigest()[:16]
 
-    Privacy: reads folder names only; releases nothing.
+
+def find_tree(candidate: Path) -> Path | None:
+    """The unpacked tree in ``candidate``, unpacking ``candidate/cifar10-jpeg.tar.xz`` first
+    when only the archive is there; ``None`` when neither is.
+
+    An archive is unpacked into ``~/.cache/dpvision/cifar10-jpeg/<its SHA-256>/``, a folder
+    only its owner can read (the images are private data), so another archive (another
+    ``--data-dir``, a neighbouring dataset) never reads this one's copy.
+
+    Privacy: reads folder names and the archive's bytes (for its digest); releases nothing.
     """
     found = _tree(candidate)
     if found is not None:
@@ -72,15 +86,30 @@ def find_tree(candidate: Path) -> Path | None:
     archive = candidate / ARCHIVE
     if not archive.is_file():
         return None
-    target = sources.cache_dir(NAME)
+    target = sources.cache_dir(NAME) / _digest(archive)
     unpacked = _tree(target)
     if unpacked is None:
-        target.mkdir(parents=True, exist_ok=True)
+        try:
+            target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            target.mkdir(mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise DPVisionError(f"cannot create {target} to unpack {archive}: {exc}") from None
         sources.unpack_archive(archive, target, ARCHIVE)
         unpacked = _tree(target)
     if unpacked is None:
         raise DPVisionError(f"{archive}: unpacked into {target} but it holds no {EXPECTED}")
     return unpacked
+
+
+def _check_classes(tree: Path) -> None:
+    """Refuses, before any image is decoded, class folders other than CIFAR-10's (their
+    names are public structure)."""
+    classes = tuple(sorted(p.name for p in (tree / "train").iterdir() if p.is_dir()))
+    if classes != cifar.CIFAR10.class_names:
+        raise DPVisionError(
+            f"{tree}: the class folders ({', '.join(classes)}) are not CIFAR-10's "
+            f"({', '.join(cifar.CIFAR10.class_names or ())})"
+        )
 
 
 def load_cifar10_jpeg(
@@ -101,14 +130,10 @@ def load_cifar10_jpeg(
     other class folders depends on folder names only (public structure), never on images.
     """
     tree = sources.locate(NAME, data_dir, find_tree, EXPECTED, download=False)
+    _check_classes(tree)
     x_train, y_train, x_test, y_test, classes = imagefolder.load_image_folder(
         tree, channels=3, geometry=ImageGeometry((IMAGE_SIZE, IMAGE_SIZE))
     )
-    if classes != cifar.CIFAR10.class_names:
-        raise DPVisionError(
-            f"{tree}: the class folders ({', '.join(classes)}) are not CIFAR-10's "
-            f"({', '.join(cifar.CIFAR10.class_names or ())})"
-        )
     return ImageDataset(
         NAME, x_train, y_train, x_test, y_test, num_classes=len(classes), class_names=classes
     )

@@ -311,7 +311,10 @@ def unpack_archive(archive: Path, target: Path, filename: str) -> None:
                 for member in members:
                     parts = PurePosixPath(member.name).parts
                     unsafe = member.name.startswith("/") or ".." in parts
-                    if unsafe or not (member.isfile() or member.isdir()):
+                    # A hard link (tar's way of storing two identical files) is kept: the
+                    # data filter refuses one that points outside the target.
+                    link = member.islnk() and hasattr(tarfile, "data_filter")
+                    if unsafe or not (member.isfile() or member.isdir() or link):
                         raise DPVisionError(
                             f"{filename}: unsafe archive entry {member.name!r}; nothing was saved"
                         )

@@ -141,7 +141,8 @@ def run_flags(result: dict[str, Any]) -> list[str]:
         if not band[0] <= accuracy <= band[1]:
             flags.append(
                 f"accuracy {100 * accuracy:.2f} % outside the band "
-                f"{100 * band[0]:.1f}–{100 * band[1]:.1f} %{_caveat(result.get('dataset'))}"
+                f"{100 * band[0]:.1f}–{100 * band[1]:.1f} %"
+                + (_caveat(result.get("dataset")) if accuracy < band[0] else "")
             )
     return flags
 

@@ -249,7 +249,6 @@ def _ablation_rows() -> list[Row]:
                 epsilon=8.0,
                 published=published,
                 commands=(command,),
-                seeds=1,
                 against=None if previous is None else f"t3-ablation-{previous[0]}",
                 published_delta=None if previous is None else published - previous[1],
                 level=False,
@@ -326,7 +325,6 @@ def _randp_rows() -> list[Row]:
                     epsilon,
                     published,
                     ((RANDP_PRETRAIN,) if name == "randp" else ()) + (command,),
-                    seeds=1,
                     against=f"t2-scratch-wrn10-1-eps{epsilon:g}" if name == "randp" else None,
                     published_delta=three - scratch if name == "randp" else None,
                     level=False,
@@ -354,7 +352,6 @@ ROWS: tuple[Row, ...] = (
         float("inf"),
         0.711,
         (_config("seed004/cifar10_scatternet_linear.toml", "--epsilon", "inf"),),
-        seeds=1,
         note="the paper's non-private run neither clips nor adds noise",
     ),
     Row(
@@ -365,7 +362,6 @@ ROWS: tuple[Row, ...] = (
         3.0,
         0.693,
         (_config("seed004/cifar10_scatternet_cnn.toml"),),
-        seeds=1,
         steps=360,
     ),
     Row(
@@ -376,7 +372,6 @@ ROWS: tuple[Row, ...] = (
         2.0,
         0.672,
         (_config("seed004/cifar10_scatternet_cnn.toml", "--epsilon", "2"),),
-        seeds=1,
         steps=360,
     ),
     Row(
@@ -387,7 +382,6 @@ ROWS: tuple[Row, ...] = (
         1.0,
         0.603,
         (_config("seed004/cifar10_scatternet_cnn.toml", "--epsilon", "1"),),
-        seeds=1,
         steps=360,
     ),
     Row(

@@ -508,11 +508,18 @@ def _machine() -> str:
 
 
 def run_row(
-    row: Row, seeds: list[int], work: Path, store: dict[str, Any], merge: bool = False
+    row: Row,
+    seeds: list[int],
+    work: Path,
+    store: dict[str, Any],
+    merge: bool = False,
+    skip_done: bool = False,
 ) -> None:
     """Runs ``row`` once per seed, appending each run to ``store`` as it ends (``merge``:
-    to the runs stored in :data:`RESULTS` by then)."""
+    to the runs stored in :data:`RESULTS` by then; ``skip_done``: not the seeds it has)."""
     for seed in seeds:
+        if skip_done and any(r["row"] == row.key and r["seed"] == seed for r in store["runs"]):
+            continue
         out = work / f"{row.key}_seed{seed}.json"
         wall = peak = 0.0
         extracted = False
@@ -666,6 +673,7 @@ def main() -> int:
     parser.add_argument(
         "--budget", type=float, default=0.0, help="--project: run a row whole if it fits"
     )
+    parser.add_argument("--missing", action="store_true", help="only the seeds not stored yet")
     parser.add_argument("--report", action="store_true", help="only rebuild the page")
     parser.add_argument("--work", default=None, help="scratch folder (default: a new temporary)")
     args = parser.parse_args()
@@ -693,7 +701,8 @@ def main() -> int:
                 if store["projections"][-1]["projected_seconds"] < left:
                     run_row(row, list(SEEDS[: row.seeds]), work, store, merge=True)
             else:
-                run_row(row, list(SEEDS[: args.seeds or row.seeds]), work, store, merge=True)
+                seeds = list(SEEDS[: args.seeds or row.seeds])
+                run_row(row, seeds, work, store, merge=True, skip_done=args.missing)
     from cifar10_page import write_page  # a sibling file, not a package
 
     write_page(ROWS, store, PAGE, COPY, COPY_COST, INTROS)

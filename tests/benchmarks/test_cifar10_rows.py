@@ -264,3 +264,11 @@ def test_every_cifar10_config_resolves_on_the_jpeg_copy(monkeypatch) -> None:
         assert config.dataset == "cifar10-jpeg", path
         resolved += 1
     assert resolved >= 30
+
+
+def test_missing_seeds_only_runs_what_the_store_lacks(tmp_path: Path) -> None:
+    done = _run("digits-dp-ls", 0.9)
+    store = {"copy": "x", "runs": [done], "projections": []}
+    cifar10.run_row(_row(), [0], tmp_path, store, skip_done=True)
+    assert store["runs"] == [done]
+    assert not (tmp_path / "digits-dp-ls.log").exists()

@@ -113,7 +113,7 @@ def validate(config: TrainConfig) -> TrainConfig:
         )
     config.placement  # noqa: B018 (a device that is not there is refused before any work)
     _check_public_shape(config)
-    if config.method in DEEP_METHODS and config.learner.get("normalization") == "dataset":
+    if config.method == "dp-sgd" and config.learner.get("normalization") == "dataset":
         info = dataset_info(config.dataset)  # published statistics: refused before any file
         dataset_statistics(info.name if info is not None else config.dataset.strip())
     config = _resolve_geometry(config)

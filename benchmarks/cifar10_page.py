@@ -132,8 +132,8 @@ def write_page(
         "the runs are in [`cifar10.json`](cifar10.json). Accuracy is the test accuracy at the "
         "end of the run (the papers report the best over epochs or the final one, as their "
         "tables say), as a percentage: the median over seeds (min–max). ε is what the run's "
-        "ledger reports (δ = 1e-5 throughout). Wall time is the median of one run, peak "
-        "memory the largest resident set of any of them, on "
+        "ledger reports (δ = 1e-5 throughout). Wall time is the median over the seeds of "
+        "one run's time, peak memory the largest resident set of any of them, on "
         f"{'; '.join(machines) or 'no machine yet'}. Hyper-parameters are the papers' (the "
         "configs under `configs/`) or chosen on a validation split, never on the test set.",
         "",
@@ -148,7 +148,7 @@ def write_page(
     for paper, members in papers.items():
         intro = (intros or {}).get(paper)
         lines += [f"## {paper}", "", *([intro, ""] if intro else []), head, "|" + "---|" * 11]
-        notes: list[str] = []
+        notes: dict[str, list[str]] = {}  # note → the rows it is said of, in order
         for row in members:
             published = "—" if row.published is None else _pct(row.published)
             label = f"`{row.key}`: {row.what}"
@@ -164,19 +164,24 @@ def write_page(
                 cells += ["not run yet", "", "", "", "", "", where]
             lines.append("| " + " | ".join(cells) + " |")
             if row.note:
-                notes.append(f"- `{row.key}`: {row.note}.")
+                notes.setdefault(f"{row.note}.", []).append(row.key)
             for run in runs or []:
                 if run.get("features_extracted") and len(runs or []) > 1:
-                    notes.append(
-                        f"- `{row.key}`: seed {run['seed']}'s run extracted the features "
+                    note = (
+                        f"seed {run['seed']}'s run extracted the features "
                         f"({_duration(run['wall_seconds'])} in all); the others read them "
                         "from the cache."
                     )
+                    notes.setdefault(note, []).append(row.key)
         lines += ["", "Commands (add `--seed N`; `{work}` is a scratch folder):", ""]
-        for row in members:
-            for command in row.commands:
-                lines.append(f"    dpvision {' '.join(command)}")
-        lines += ["", *notes, ""] if notes else [""]
+        commands = [" ".join(c) for row in members for c in row.commands]
+        lines += [f"    dpvision {c}" for c in dict.fromkeys(commands)]  # shared ones once
+        said = [
+            ("Every row" if len(keys) == len(members) else ", ".join(f"`{k}`" for k in keys))
+            + f": {note}"
+            for note, keys in notes.items()
+        ]
+        lines += ["", *(f"- {line}" for line in said), ""] if said else [""]
     waiting = [row for row in rows if row.key not in by_row]
     if waiting:
         lines += [

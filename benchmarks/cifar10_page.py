@@ -158,9 +158,10 @@ def write_page(
                 cells += _measured(row, runs, copy_cost, by_row)
             else:
                 projected = projections.get(row.key, [])
-                where = "; ".join(_projection(p) for p in projected)
-                gpu = "GPU hours: `scripts/gpu-check --cifar` projects and runs it"
-                where = where or (gpu if row.gpu else "")
+                said = [_projection(p) for p in projected]
+                if row.gpu:
+                    said.append("`scripts/gpu-check --cifar` projects it on a GPU and runs it")
+                where = "; ".join(said)
                 cells += ["not run yet", "", "", "", "", "", where]
             lines.append("| " + " | ".join(cells) + " |")
             if row.note:

@@ -682,6 +682,9 @@ def main() -> int:
     if unknown:
         print(f"cifar10.py: unknown row {unknown[0]}; see --list", file=sys.stderr)
         return 2
+    if args.seeds is not None and not 1 <= args.seeds <= len(SEEDS):
+        print(f"cifar10.py: --seeds takes 1 to {len(SEEDS)}, got {args.seeds}", file=sys.stderr)
+        return 2
     if args.list:
         for row in ROWS:
             print(f"{row.key}  ({row.paper}, {row.table}; {'gpu' if row.gpu else 'cpu'})")

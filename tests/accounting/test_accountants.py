@@ -116,7 +116,9 @@ def test_pld_accountant_agrees_with_dp_accounting_directly():
     event = poisson_gaussian_event(noise_multiplier=1.3, sample_rate=0.05, steps=300)
     reference = pld.PLDAccountant(value_discretization_interval=1e-4)
     reference.compose(event)
-    assert compute_epsilon(event, delta=1e-6, accountant="pld") == reference.get_epsilon(1e-6)
+    # The same composition by cached transforms (.repeated): round-off apart, the same ε.
+    expected = reference.get_epsilon(1e-6)
+    assert compute_epsilon(event, delta=1e-6, accountant="pld") == pytest.approx(expected, rel=1e-9)
 
 
 def test_pld_stays_tighter_than_rdp_at_small_epsilon():

@@ -31,6 +31,7 @@ from dpvision.accounting.gaussian import (
     gdp_mu,
     is_unsampled_gaussian,
 )
+from dpvision.accounting.repeated import Run, poisson_gaussian_runs, runs_epsilon, runs_rdp
 from dpvision.errors import DPVisionError
 
 
@@ -141,9 +142,28 @@ def _pld_accountant(event: dp_accounting.DpEvent, interval: float) -> pld.PLDAcc
     return accountant
 
 
-def _classic_log_terms(event: dp_accounting.DpEvent) -> tuple[np.ndarray, np.ndarray]:
-    accountant = _rdp_accountant(event, CLASSIC_RDP_ORDERS)
-    return np.asarray(CLASSIC_RDP_ORDERS, dtype=float), np.asarray(accountant.rdp, dtype=float)
+def _classic_log_terms(
+    event: dp_accounting.DpEvent, runs: "tuple[Run, ...] | None" = None
+) -> tuple[np.ndarray, np.ndarray]:
+    if runs is not None:
+        curve = runs_rdp(runs, CLASSIC_RDP_ORDERS)
+    else:
+        curve = np.asarray(_rdp_accountant(event, CLASSIC_RDP_ORDERS).rdp, dtype=float)
+    return np.asarray(CLASSIC_RDP_ORDERS, dtype=float), curve
+
+
+def _rdp_epsilon(
+    event: dp_accounting.DpEvent, runs: "tuple[Run, ...] | None", delta: float
+) -> float:
+    """ε at ``delta`` by RDP over :data:`RDP_ORDERS` (Balle et al.'s conversion, as
+    dp-accounting's ``RdpAccountant``); from the cached step curves when ``runs`` holds the
+    event."""
+    if runs is None:
+        return float(_rdp_accountant(event, RDP_ORDERS).get_epsilon(delta))
+    epsilon, _ = rdp.rdp_privacy_accountant.compute_epsilon(
+        list(RDP_ORDERS), runs_rdp(runs, RDP_ORDERS), delta
+    )
+    return float(epsilon)
 
 
 def compute_epsilon(
@@ -172,13 +192,16 @@ def compute_epsilon(
     which = default_accountant(event) if accountant is None else parse_accountant(accountant)
     if which is Accountant.GAUSSIAN:
         return gaussian_epsilon(mu=gdp_mu(event), delta=delta)
+    runs = poisson_gaussian_runs(event)  # DP-SGD's record: cached per (σ, q), see .repeated
     if which is Accountant.PLD:
         # RDP (cheap) sizes the discretisation to the ε being computed.
-        scale = float(_rdp_accountant(event, RDP_ORDERS).get_epsilon(delta))
+        scale = _rdp_epsilon(event, runs, delta)
+        if runs is not None:
+            return max(0.0, runs_epsilon(runs, delta, _pld_interval(scale)))
         return max(0.0, float(_pld_accountant(event, _pld_interval(scale)).get_epsilon(delta)))
     if which is Accountant.RDP:
-        return max(0.0, float(_rdp_accountant(event, RDP_ORDERS).get_epsilon(delta)))
-    orders, rdp_values = _classic_log_terms(event)
+        return max(0.0, _rdp_epsilon(event, runs, delta))
+    orders, rdp_values = _classic_log_terms(event, runs)
     with np.errstate(over="ignore", invalid="ignore"):
         candidates = rdp_values + math.log(1 / delta) / (orders - 1)
     best = float(np.nanmin(candidates))

@@ -16,8 +16,8 @@ Each source is one small module with ``check(name)`` (syntax and availability, b
 work starts) and ``build(name, input_shape, num_classes, args)``. No source downloads anything:
 pre-trained weights come from ``learner.init`` (:mod:`dpvision.models.weights`).
 
-timm and torchvision are the optional ``models`` extra (``pip install 'dpvision[models]'``);
-the core never imports them.
+timm and torchvision are the optional ``models`` extra (in an environment of its own: it needs
+a newer torch; docs/install.md); the core never imports them.
 """
 
 from collections.abc import Callable, Mapping

@@ -6,7 +6,13 @@ from types import ModuleType
 
 from dpvision.errors import DPVisionError
 
-INSTALL = "pip install 'dpvision[models]'"
+INSTALL = (
+    "in an environment of its own, as docs/install.md ('The models extra') shows; "
+    "pip install 'dpvision[models]' into this one would replace torch with a CUDA build "
+    "of several GB"
+)
+"""How to install timm and torchvision: the models extra needs a newer torch than the pinned
+one, so the plain ``pip install`` is the wrong advice in the main environment."""
 
 
 def require(package: str, spec: str) -> ModuleType:

@@ -96,3 +96,20 @@ def test_dpsgd_run_prints_images_and_values(capsys: pytest.CaptureFixture[str]) 
     assert "model mlp-8 on 8×8×1 images" in out
     assert "features pixels" not in out
     assert "B 64, steps 2, lr 1, C 1, momentum 0.5" in out
+
+
+def test_a_private_validation_accuracy_says_it_is_a_noisy_count() -> None:
+    """A noisy, clamped count printed as "validation accuracy 100.00 %" reads as exact; the
+    line gives the noise in points (σ_v / n, both public) and says it is clamped."""
+    noisy = summary(
+        _result(
+            validation_accuracy=1.0,
+            n_validation=400,
+            validation="private",
+            validation_noise=6.0,
+        )
+    )
+    assert "validation accuracy 100.00 % (400 training examples held out; a noisy count, " in noisy
+    assert "± 1.50 points (one std), clamped to 0–100 %" in noisy
+    public = summary(_result(validation_accuracy=0.9, n_validation=400, validation="public"))
+    assert "validation accuracy 90.00 % (400 training examples held out)\n" in public

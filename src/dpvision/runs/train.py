@@ -168,9 +168,18 @@ def _inputs(result: dict[str, Any]) -> str:
 def _validation_note(result: dict[str, Any]) -> str:
     if result.get("validation_accuracy") is None:
         return ""
+    held = result["n_validation"]
+    noise = result.get("validation_noise")
+    how = ""
+    if result.get("validation") == "private" and noise:
+        # σ_v and n are public: the count's noise in accuracy points, and the clamp.
+        how = (
+            f"; a noisy count, ± {100 * noise / held:.2f} points (one std), clamped to "
+            "0–100 %: not the exact accuracy"
+        )
     return (
         f"validation accuracy {100 * result['validation_accuracy']:.2f} % "
-        f"({result['n_validation']} training examples held out)\n"
+        f"({held} training examples held out{how})\n"
     )
 
 

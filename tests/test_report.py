@@ -1,6 +1,7 @@
 """``dpvision sweep`` and ``dpvision report``: the grid, the tables, the flags, the plot."""
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -292,3 +293,14 @@ def test_a_recipe_run_with_the_epochs_set_keeps_them_in_its_setup() -> None:
     own = setup_label(run({"epochs": 3}, {"method": "dp-sgd-linear"}))
     assert own == "dp-sgd-linear · scatternet · default recipe · E=3"
     assert setup_label(run({"epochs": 3}, {})) == "dp-sgd-linear · scatternet · E=3"
+
+
+def test_a_sweeps_lines_print_accuracy_as_train_does(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One format for one number: "test accuracy 93.04 %", as ``train`` prints it."""
+    config = _write_config(tmp_path / "ls.toml", "dp-ls", REFERENCE)
+    caplog.set_level("INFO", logger="dpvision")
+    sweep([config], epsilons=[1.0], seeds=[0], out=tmp_path / "out", quiet=False)
+    line = next(r.getMessage() for r in caplog.records if "test accuracy" in r.getMessage())
+    assert re.search(r"ls_eps1_seed0\.json: test accuracy \d{1,3}\.\d\d %, ε = ", line), line

@@ -1,6 +1,7 @@
 """DP-RandP Phase I: the alignment + uniformity loss, the views, pre-training, encoder files."""
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -213,3 +214,12 @@ def test_cli_lists_the_generators_of_the_library() -> None:
     from dpvision.data.synthetic import SYNTHETIC_KINDS
 
     assert LISTED == SYNTHETIC_KINDS
+
+
+def test_supervised_pretraining_prints_accuracy_as_train_does(tmp_path, capsys):
+    """It prints "test accuracy 93.04 %", as ``train`` does, not a fraction."""
+    argv = ["pretrain", "-q", "--objective", "supervised", "--model", "mlp-16", "--steps", "2"]
+    argv += ["--dataset", "digits", "--batch-size", "32", "--out", str(tmp_path / "e.pt")]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"test accuracy \d{1,3}\.\d\d %, wall time", out), out

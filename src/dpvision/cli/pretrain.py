@@ -170,7 +170,8 @@ def run_supervised(raw: dict[str, Any], args: argparse.Namespace) -> None:
         write_json_atomic(args.json, result)
     print(
         f"{options.model} pre-trained on {result['trained_on']} for {result['steps']} steps: "
-        f"final loss {result['final_loss']:.4f}, test accuracy {result['test_accuracy']:.4f}, "
+        f"final loss {result['final_loss']:.4f}, "
+        f"test accuracy {100 * result['test_accuracy']:.2f} %, "
         f"wall time {result['wall_seconds']:.1f} s\nwritten to {args.out} (public data only: no "
         "privacy cost recorded; use it with --set learner.init=FILE)"
     )

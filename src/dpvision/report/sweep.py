@@ -96,7 +96,8 @@ def sweep(
         result["sweep_config"] = str(file)
         write_json_atomic(path, result)
         say(
-            f"{name}: test accuracy {result['test_accuracy']:.4f}, ε = {result['epsilon']:.4g}",
+            f"{name}: test accuracy {100 * result['test_accuracy']:.2f} %, "
+            f"ε = {result['epsilon']:.4g}",
             quiet,
         )
     return written

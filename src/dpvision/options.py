@@ -26,6 +26,7 @@ dpvision.errors.DPVisionError: learner.rate must be in (0, 1], got 2.0
 """
 
 import dataclasses
+import difflib
 import math
 import types
 import typing
@@ -167,19 +168,41 @@ def option_hints(cls: type) -> Mapping[str, Any]:
     return types.MappingProxyType({k: v for k, v in hints.items() if k != "return"})
 
 
+ELSEWHERE = {
+    "pretrained": "pre-trained weights come from learner.init = FILE: nothing is downloaded, "
+    "see docs/guide/finetune.md",
+    "weights": "weights come from learner.init = FILE, see docs/guide/finetune.md",
+    "lr": "the learning rate is learning_rate",
+    "max_norm": "the clipping norm is max_grad_norm (dp-sgd) or clip_norm (feature learners)",
+    "noise_multiplier": "σ is top-level noise_multiplier, or calibrated from epsilon",
+    "sigma": "σ is top-level noise_multiplier, or calibrated from epsilon",
+    "epsilon": "ε is top-level epsilon (--epsilon)",
+    "delta": "δ is top-level delta (--delta)",
+}
+"""Names users bring from timm, Opacus or PyTorch, and where dpvision keeps that setting."""
+
+
 def check_known(given: Iterable[str], valid: Collection[str], message: str) -> None:
     """A one-line error for the first of ``given`` not in ``valid``. ``message`` is formatted
-    with ``key`` (the unknown one) and ``valid`` (the valid ones, joined in their order):
+    with ``key`` (the unknown one) and ``valid`` (the valid ones, joined in their order); a
+    name of another library's (:data:`ELSEWHERE`) or a close spelling of a valid one is
+    named first:
 
     >>> check_known(["epoch"], sorted(["epochs", "steps"]),
     ...             "unknown learner option {key!r} for dp-sgd; valid: {valid}")
     Traceback (most recent call last):
     ...
-    dpvision.errors.DPVisionError: unknown learner option 'epoch' for dp-sgd; valid: epochs, steps
-    """
+    dpvision.errors.DPVisionError: unknown learner option 'epoch' for dp-sgd (did you mean epochs?); valid: epochs, steps
+    """  # noqa: E501 (a doctest's output is one line)
     for key in given:
         if key not in valid:
-            raise DPVisionError(message.format(key=key, valid=", ".join(valid)))
+            text = message.format(key=key, valid=", ".join(valid))
+            close = difflib.get_close_matches(key, list(valid), n=1, cutoff=0.8)
+            hint = ELSEWHERE.get(key) or (f"did you mean {close[0]}?" if close else None)
+            if hint and f"{key!r}" in text:
+                head, _, tail = text.partition(";")  # the hint before the list of names
+                text = f"{head} ({hint});{tail}" if tail else f"{head} ({hint})"
+            raise DPVisionError(text)
 
 
 def coerce(name: str, value: Any, hint: Any, *, secret: bool = False) -> Any:

@@ -144,3 +144,22 @@ def test_the_linear_learner_reads_its_old_keyword_with_a_deprecation_message(cap
         ).check_params()
     with pytest.raises(DPVisionError, match="clipping must be 'flat' or 'adaptive'"):
         DPSGDLinear(clipping="per-layer").check_params()
+
+
+@pytest.mark.parametrize(
+    ("method", "key", "hint"),
+    [
+        ("dp-sgd", "pretrained", "(pre-trained weights come from learner.init = FILE"),
+        ("dp-sgd", "lr", "(the learning rate is learning_rate);"),
+        ("dp-sgd", "epoch", "(did you mean epochs?);"),
+        ("dp-sgd-linear", "clip_nrom", "(did you mean clip_norm?);"),
+    ],
+)
+def test_an_unknown_option_names_where_the_setting_lives_before_the_list(method, key, hint):
+    """timm's ``pretrained=True`` or a typo: the hint comes before the forty valid names."""
+    with pytest.raises(DPVisionError) as error:
+        _config(method, **{key: True})
+    message = str(error.value)
+    assert hint in message
+    assert message.index(hint) < message.index("valid:")
+    assert "\n" not in message

@@ -779,3 +779,33 @@ def test_a_dataclass_output_is_checked_field_by_field():
     report = _check_model(Model(), lambda m, x, y: F.cross_entropy(m(x).logits, y))
     assert report.refusal is None, report.refusal
     assert report.max_ratio <= 1 + TIGHT
+
+
+@pytest.mark.parametrize("scale", [0.5, 1.0])
+@pytest.mark.parametrize("per_example", [False, True])
+def test_manual_gradient_accumulation_is_refused_naming_batch_memory_manager(scale, per_example):
+    """loss / k with a step every k batches (or unscaled): each refusal it meets, whether
+    the loss is a plain mean or the per-example criterion's, names the working way."""
+    x, y = _data(100)
+    model = _model()
+    private, optimizer, loader = PrivacyEngine().make_private(
+        module=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        data_loader=DataLoader(TensorDataset(x, y), batch_size=12),
+        noise_multiplier=1.0,
+        max_grad_norm=1.0,
+    )
+    criterion = private.per_example_loss(nn.CrossEntropyLoss(reduction="none"))
+
+    def accumulating_loop() -> None:
+        for index, (xb, yb) in enumerate(loader):
+            output = private(xb)
+            loss = criterion(output, yb) if per_example else F.cross_entropy(output, yb)
+            (loss * scale).backward()
+            if index % 2 == 1:
+                optimizer.step()
+                optimizer.zero_grad()
+
+    with pytest.raises(DPVisionError, match="BatchMemoryManager") as error:
+        accumulating_loop()
+    assert "\n" not in str(error.value)

@@ -47,13 +47,21 @@ from torch.func import grad_and_value, vmap
 from dpvision.errors import DPVisionError
 from dpvision.per_example.layers import float32_calls
 
+ACCUMULATE = (
+    "To accumulate gradients over several loader batches (loss / k, a step every k), "
+    "use BatchMemoryManager(data_loader=..., max_physical_batch_size=..., optimizer=...) "
+    "from dpvision.privacy_engine: it splits each logical batch into physical ones and steps "
+    "once per logical batch"
+)
+"""The fix for manual gradient accumulation, which every refusal it meets names."""
+
 REFUSED = (
     "the loss's gradient at the model's output is not that of a plain {reduction} of "
     "per-example losses ({why}): class weights (weight=), ignore_index, label smoothing, a "
     "scaled loss or a term across the batch make every example's gradient depend on the "
     "others. Compute the loss with a per-example criterion: make_private(..., "
     "criterion=your_loss(reduction='none')) and loss = model.per_example_loss(criterion)"
-    "(output, target), or drop weight/ignore_index"
+    "(output, target), or drop weight/ignore_index. " + ACCUMULATE
 )
 
 

@@ -22,7 +22,7 @@ from dpvision.per_example.layers import layer_terms, low_precision
 from dpvision.per_example.precision import exact_arithmetic
 from dpvision.per_example.tape import ActivationTape, UnsupportedError
 from dpvision.privacy_engine.chunk import Chunk
-from dpvision.privacy_engine.loss import OutputGate
+from dpvision.privacy_engine.loss import ACCUMULATE, OutputGate
 
 
 class DPOptimizer(torch.optim.Optimizer):
@@ -443,6 +443,6 @@ class DPOptimizer(torch.optim.Optimizer):
 SKIPPED = (
     "a batch of the private data loader was skipped: call optimizer.step() once for every "
     "batch it yields, empty ones included (which batches are released would depend on the "
-    "data, and nothing accounts for it)"
+    "data, and nothing accounts for it). " + ACCUMULATE
 )
 _MANUAL = 0  # the logical-batch id of steps not announced by the private data loader

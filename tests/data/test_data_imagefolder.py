@@ -188,3 +188,18 @@ def test_one_image_changes_no_outcome_and_no_warning(tmp_path: Path, capfd) -> N
     assert not outcome.refused
     assert restored == 40_000_000
     assert capfd.readouterr().err == ""
+
+
+@pytest.mark.parametrize("layout", ["single tree", "train/test"])
+def test_one_class_folder_is_refused_before_any_image_is_read(tmp_path: Path, layout) -> None:
+    """A one-class "classifier" trained silently to 100 %. The class folders are the public
+    label space, so refusing one folder says nothing of the images (none is read: a broken
+    one in it would otherwise be the error)."""
+    root = tmp_path / "ds"
+    prefix = root if layout == "single tree" else root / "train"
+    (prefix / "cat").mkdir(parents=True)
+    (prefix / "cat" / "broken.png").write_bytes(b"not an image")
+    if layout == "train/test":
+        (root / "test" / "cat").mkdir(parents=True)
+    with pytest.raises(DPVisionError, match=r"one class folder \(cat\); a classifier needs two"):
+        load_dataset(f"imagefolder:{root}")

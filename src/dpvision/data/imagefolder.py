@@ -210,6 +210,11 @@ def _classes(folder: Path) -> tuple[str, ...]:
     classes = tuple(sorted(p.name for p in folder.iterdir() if p.is_dir()))
     if not classes:
         raise DPVisionError(f"{folder}: no class folders; put images in {folder}/<class>/")
+    if len(classes) == 1:  # the folder names are the public label space, not private rows
+        raise DPVisionError(
+            f"{folder}: one class folder ({classes[0]}); a classifier needs two or more, "
+            f"each in {folder}/<class>/"
+        )
     return classes
 
 

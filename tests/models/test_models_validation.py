@@ -110,3 +110,38 @@ def test_replace_batchnorm_handles_a_root_layer_instance_norm_and_groups():
     assert fixed[0].num_groups == 6
     with pytest.raises(DPVisionError, match="groups must be a positive integer"):
         replace_batchnorm(nn.BatchNorm2d(4), groups=0)
+
+
+class _PatchEmbed(nn.Module):
+    def __init__(self, img_size: int) -> None:
+        super().__init__()
+        self.img_size = (img_size, img_size)
+        self.proj = nn.Conv2d(3, 4, 8, stride=8)
+
+
+class _SmallViT(nn.Module):
+    """A ViT's shape checks without timm: built for ``img_size``, weights' cfg at 224."""
+
+    def __init__(self, img_size: int = 224, num_classes: int = 3) -> None:
+        super().__init__()
+        self.pretrained_cfg = {"input_size": (3, 224, 224)}
+        self.patch_embed = _PatchEmbed(img_size)
+        self.head = nn.Linear(4, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if tuple(x.shape[-2:]) != self.patch_embed.img_size:
+            raise AssertionError(f"Input height ({x.shape[-2]}) doesn't match model")
+        return self.head(self.patch_embed.proj(x).mean(dim=(2, 3)))
+
+
+@pytest.mark.parametrize(("built", "named"), [(32, "32×32"), (224, "224×224")])
+def test_a_size_mismatch_names_the_size_the_model_was_built_for(built, named):
+    """``model_args = {img_size = 32}`` builds a ViT for 32×32 while its pretrained_cfg
+    still says 224: the message names what the model as built takes."""
+    from dpvision.models.registry import check_forward
+
+    with pytest.raises(DPVisionError) as error:
+        check_forward("python:vit.py:SmallViT", _SmallViT(img_size=built), (3, 48, 48), 3)
+    message = str(error.value)
+    assert f"takes {named} images, these are 48×48 (3 channels)" in message
+    assert f"set image_size = {built}, or give learner.model_args = {{img_size = 48}}" in message

@@ -186,12 +186,11 @@ def _mismatch(
     """
     channels, *size = (int(v) for v in input_shape)
     shown = f"{'×'.join(map(str, size))} ({channels} channels)"
-    cfg = getattr(model, "pretrained_cfg", None)
-    takes = cfg.get("input_size") if isinstance(cfg, dict) else None
+    takes = _size_it_takes(model)
     lines = str(error).strip().splitlines()
     reason = f"{type(error).__name__}: {lines[0] if lines else ''}".strip()
-    if takes is not None and len(takes) == 3:
-        what = f"takes {'×'.join(str(v) for v in takes[1:])} images, these are {shown}"
+    if takes is not None:
+        what = f"takes {'×'.join(str(v) for v in takes)} images, these are {shown}"
         image_fix = f"set image_size = {takes[-1]}"
     else:
         what = f"cannot take images of {shown}"
@@ -204,6 +203,20 @@ def _mismatch(
     else:
         args_fix = "learner.model_args with the size argument its constructor takes"
     return f"{spec} {what} ({reason}): {image_fix}, or give {args_fix}"
+
+
+def _size_it_takes(model: nn.Module) -> tuple[int, int] | None:
+    """The (height, width) a network takes, where it says: the size it was built for (a
+    timm ViT's ``patch_embed.img_size``, which ``model_args = {img_size = …}`` sets), else
+    its ``pretrained_cfg``'s input size (what its weights were trained at)."""
+    built = getattr(getattr(model, "patch_embed", None), "img_size", None)
+    if isinstance(built, (tuple, list)) and len(built) == 2:
+        return int(built[0]), int(built[1])
+    cfg = getattr(model, "pretrained_cfg", None)
+    takes = cfg.get("input_size") if isinstance(cfg, dict) else None
+    if isinstance(takes, (tuple, list)) and len(takes) == 3:
+        return int(takes[1]), int(takes[2])
+    return None
 
 
 def _init_parameters(model: nn.Module) -> tuple[str, ...]:

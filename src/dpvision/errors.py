@@ -8,3 +8,8 @@ library callers can catch it like the ``ValueError`` it derives from.
 
 class DPVisionError(ValueError):
     """A problem with the user's input, described in one line that says what to do."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during a run, with what it leaves to resume from in words (the command line
+    prints ``dpvision: interrupted; <that>`` and exits with 130)."""

@@ -207,3 +207,39 @@ def test_wrong_format_npz_is_one_line_and_exit_2(tmp_path):
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1
     assert "x_train" in proc.stderr
+
+
+@pytest.mark.parametrize("with_checkpoint", [True, False])
+def test_ctrl_c_names_the_last_checkpoint_or_says_nothing_was_saved(
+    tmp_path, monkeypatch, capsys, with_checkpoint
+):
+    """Ctrl-C at step 5 of a run checkpointed every 2 steps: exit 130 and one line naming
+    the step-4 checkpoint the same command resumes from; without --checkpoint, that nothing
+    was saved and how to save."""
+    from dpvision.runs import dpsgd
+
+    original = dpsgd._Run.train_step
+
+    def interrupted_at_step_5(run) -> None:
+        if run.state.sampler.step == 4:
+            raise KeyboardInterrupt
+        original(run)
+
+    monkeypatch.setattr(dpsgd._Run, "train_step", interrupted_at_step_5)
+    checkpoint = tmp_path / "run.ckpt"
+    argv = ["train", "-q", "--method", "dp-sgd", "--set", 'learner.model="mlp-8"']
+    argv += ["--set", "learner.steps=8", "--set", "learner.checkpoint_every=2"]
+    argv += ["--set", "learner.batch_size=64"]
+    if with_checkpoint:
+        argv += ["--checkpoint", str(checkpoint)]
+    assert main(argv) == 130
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err
+    if with_checkpoint:
+        assert err == (
+            f"dpvision: interrupted; the last checkpoint, step 4, is {checkpoint}: the same "
+            "command resumes from it"
+        )
+        assert checkpoint.exists()
+    else:
+        assert err.startswith("dpvision: interrupted; nothing was saved (--checkpoint PATH")

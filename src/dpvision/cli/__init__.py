@@ -29,7 +29,7 @@ from typing import Any
 from dpvision.cli import audit, cache, model, pretrain, privacy, report, train, tune
 from dpvision.cli.arguments import EXIT_USAGE, Parser, redact_secrets
 from dpvision.cli.pretrain import SYNTHETIC_KINDS
-from dpvision.errors import DPVisionError
+from dpvision.errors import DPVisionError, Interrupted
 from dpvision.log import configure, logger
 from dpvision.version import __version__
 
@@ -93,8 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.debug("error: %s", error)
         print(f"dpvision: error: {error}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("dpvision: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as interrupt:  # an Interrupted says what is left to resume from
+        said = f"; {interrupt}" if isinstance(interrupt, Interrupted) else ""
+        print(f"dpvision: interrupted{said}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `dpvision … | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

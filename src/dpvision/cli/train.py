@@ -5,13 +5,31 @@ import argparse
 from typing import Any
 
 from dpvision.cli.arguments import add_run_arguments, output_file, run_flags
-from dpvision.errors import DPVisionError
+from dpvision.errors import DPVisionError, Interrupted
+
+
+def _what_was_saved(checkpoint: str | None) -> str:
+    """What an interrupted run leaves to resume from, in words (the step count is public:
+    the schedule's)."""
+    from dpvision.training.checkpoint import last_saved
+
+    saved = last_saved()
+    if saved is not None:
+        path, step = saved
+        return f"the last checkpoint, step {step}, is {path}: the same command resumes from it"
+    if checkpoint is None:
+        return (
+            "nothing was saved (--checkpoint PATH saves the run every "
+            "learner.checkpoint_every steps, and the same command resumes from it)"
+        )
+    return f"no checkpoint was written to {checkpoint} yet (learner.checkpoint_every: how often)"
 
 
 def run(args: argparse.Namespace) -> None:
     from dpvision.config import resolve
     from dpvision.fileio import write_json_atomic
     from dpvision.runs.train import run_training, summary
+    from dpvision.training.checkpoint import forget_saved
 
     flags = run_flags(args)
     sets = list(args.set)
@@ -19,8 +37,11 @@ def run(args: argparse.Namespace) -> None:
         sets.append(f"learner.phase2_fraction={args.phase2_fraction!r}")
     config = resolve(args.config, flags, sets)
     workers = _join_torchrun()
+    forget_saved()
     try:
         result = run_training(config, quiet=args.quiet, checkpoint=args.checkpoint, save=args.save)
+    except KeyboardInterrupt:
+        raise Interrupted(_what_was_saved(args.checkpoint)) from None
     except DPVisionError as error:
         needs = config.reference.get("needs")
         if needs and args.config:

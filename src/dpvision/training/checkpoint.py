@@ -85,6 +85,22 @@ def save_checkpoint(path: Path, state: TrainingState, settings: dict[str, Any]) 
     }
     with atomic_open(path, "wb", private=True) as out:
         torch.save(payload, out)
+    _saved[:] = [(Path(path), int(state.sampler.step))]
+
+
+_saved: list[tuple[Path, int]] = []
+"""The checkpoint this process wrote last and its step (what an interrupted run says)."""
+
+
+def last_saved() -> tuple[Path, int] | None:
+    """(path, step) of the checkpoint this process wrote last, or None (the command line
+    says it when a run is interrupted; the step count is public: the schedule's)."""
+    return _saved[0] if _saved else None
+
+
+def forget_saved() -> None:
+    """Forgets :func:`last_saved` (a new run starts)."""
+    _saved.clear()
 
 
 def read_checkpoint(path: Path) -> dict[str, Any]:

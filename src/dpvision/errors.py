@@ -13,3 +13,8 @@ class DPVisionError(ValueError):
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during a run, with what it leaves to resume from in words (the command line
     prints ``dpvision: interrupted; <that>`` and exits with 130)."""
+
+
+class PrivacyWarning(UserWarning):
+    """A use of dpvision whose privacy guarantee is not what it seems (e.g. a scikit-learn
+    search over private data, which no ledger accounts for)."""

@@ -13,6 +13,8 @@ import abc
 import dataclasses
 import math
 import os
+import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,7 +29,7 @@ from dpvision.accounting import (
 from dpvision.accounting.ledger import NON_PRIVATE, LedgerEntry
 from dpvision.devices import resolve_device
 from dpvision.distributed import Workers, current
-from dpvision.errors import DPVisionError
+from dpvision.errors import DPVisionError, PrivacyWarning
 from dpvision.learners.memory import (
     NESTED_SECONDS,
     PROGRESS_SECONDS,
@@ -157,6 +159,27 @@ def softmax(scores: np.ndarray) -> np.ndarray:
     return np.asarray(shifted / shifted.sum(axis=1, keepdims=True))
 
 
+def _warn_inside_a_search(name: str) -> None:
+    """Warns when scikit-learn's model selection (``GridSearchCV``, ``cross_val_score``, …)
+    calls this fit: each fit's ε covers that fit alone, while the search looks at the
+    private data once per candidate and fold and releases its choice unaccounted. Depends on
+    the caller only, never on the data."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals.get("__name__", "").startswith("sklearn.model_selection"):
+            warnings.warn(
+                f"{name}.fit runs inside scikit-learn's model selection (GridSearchCV, "
+                "cross_val_score, ...): each fit's epsilon_ covers that fit alone, but the "
+                "search sees the private data once per candidate and fold and releases its "
+                "choice, which nothing accounts for; `dpvision tune` searches privately "
+                "(docs/guide/tune.md)",
+                PrivacyWarning,
+                stacklevel=3,
+            )
+            return
+        frame = frame.f_back
+
+
 class DPLinearClassifier(ClassifierMixin, BaseEstimator, abc.ABC):  # type: ignore[misc]
     """Base class: a linear classifier over features, trained under differential privacy.
 
@@ -257,6 +280,7 @@ class DPLinearClassifier(ClassifierMixin, BaseEstimator, abc.ABC):  # type: igno
           ``target_epsilon``.
         """
         self.check_params()
+        _warn_inside_a_search(type(self).__name__)
         y = np.asarray(y)
         if not np.issubdtype(y.dtype, np.integer):
             raise DPVisionError(f"labels must be integers 0..m-1, got dtype {y.dtype}")

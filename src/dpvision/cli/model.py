@@ -52,28 +52,26 @@ def add_parsers(commands: Any) -> None:
 
 
 def run_predict(args: argparse.Namespace) -> None:
-    from dpvision.data.imagefolder import image_files, read_images
+    from dpvision.data.imagefolder import image_files
     from dpvision.data.npzfiles import read_npy
-    from dpvision.data.resize import ImageGeometry
     from dpvision.fileio import atomic_open
     from dpvision.runs.saved import load_model
 
     model = load_model(args.model).to(args.device)
-    geometry = ImageGeometry.from_config(model.config)
     source = Path(args.inputs)
-    if source.suffix == ".npy" and source.is_file():
+    npy = source.suffix == ".npy" and source.is_file()
+    if model.image_shape is None:
+        if not npy:
+            raise DPVisionError(
+                f"this model takes feature vectors ({model.features}): give a .npy of shape (N, d)"
+            )
         inputs = np.asarray(read_npy(source, mmap=False, fix="save a NumPy array with np.save"))
-        if geometry is not None and model.image_shape is not None and inputs.ndim == 4:
-            inputs = geometry.apply_array(inputs)
-        names = [f"{source.name}[{i}]" for i in range(len(inputs))]
-    elif model.image_shape is None:
-        raise DPVisionError(
-            f"this model takes feature vectors ({model.features}): give a .npy of shape (N, d)"
-        )
     else:
-        files = image_files(source)
-        inputs = read_images(files, channels=model.image_shape[-1], geometry=geometry)
-        names = [str(f) for f in files]
+        inputs = model.images(source)  # the same path as TrainedModel.predict's
+    if npy:
+        names = [f"{source.name}[{i}]" for i in range(len(inputs))]
+    else:
+        names = [str(f) for f in image_files(source)]
     if args.proba:
         probabilities = model.predict_proba(inputs)
         labels = probabilities.argmax(axis=1)

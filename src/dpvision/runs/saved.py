@@ -34,6 +34,8 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save as save_safetensors
 from torch import nn
 
+from dpvision.data.pictures import as_images
+from dpvision.data.resize import ImageGeometry
 from dpvision.devices import resolve_device
 from dpvision.errors import DPVisionError
 from dpvision.features import encoder_digest, extract_features, parse_feature_spec
@@ -130,20 +132,42 @@ class TrainedModel:
 
     # --- inference -------------------------------------------------------------------------
 
-    def decision_function(self, inputs: np.ndarray) -> np.ndarray:
-        """Scores (N, m): uint8 images (N, H, W, C), or feature vectors (N, d) for a model
-        trained on precomputed features."""
+    def images(self, inputs: Any) -> np.ndarray:
+        """``inputs`` as the uint8 images ``(N, H, W, C)`` this model was trained on: arrays
+        of any size (one image or a batch; grey, RGB or RGBA), Pillow images, image files
+        or folders, ``.npy`` files, or a list of them, each brought to the recorded
+        geometry (``image_size``, crop and interpolation; without one, the training
+        images' own size) as ``dpvision predict`` does (:mod:`dpvision.data.pictures`).
+
+        Privacy: reads the given images only; releases nothing.
+        """
+        if self.image_shape is None:
+            raise DPVisionError(
+                f"this model takes feature vectors ({self.features}), not images: give an "
+                "array (N, d)"
+            )
+        geometry = ImageGeometry.from_config(self.config) or ImageGeometry(
+            (int(self.image_shape[0]), int(self.image_shape[1]))
+        )
+        return as_images(inputs, int(self.image_shape[-1]), geometry)
+
+    def decision_function(self, inputs: Any) -> np.ndarray:
+        """Scores (N, m) of images (anything :meth:`images` takes), or of feature vectors
+        (N, d) for a model trained on precomputed features."""
+        if self.image_shape is not None:
+            inputs = self.images(inputs)
         self._check(inputs)
         scores = [
             self._scores(inputs[start : start + BATCH]) for start in range(0, len(inputs), BATCH)
         ]
         return np.concatenate(scores) if scores else np.zeros((0, self.num_classes))
 
-    def predict(self, inputs: np.ndarray) -> np.ndarray:
-        """The predicted class of each image (int64, 0 … m−1)."""
+    def predict(self, inputs: Any) -> np.ndarray:
+        """The predicted class of each input (int64, 0 … m−1); images as :meth:`images`
+        takes them (any size, Pillow, files), brought to the model's geometry."""
         return self.decision_function(inputs).argmax(axis=1).astype(np.int64)
 
-    def predict_proba(self, inputs: np.ndarray) -> np.ndarray:
+    def predict_proba(self, inputs: Any) -> np.ndarray:
         """Class probabilities (N, m), float64, each row summing to 1: the softmax of
         :meth:`decision_function` (the most probable class is :meth:`predict`'s). A network
         or DP-Newton / DP-SGD-linear head trained with cross-entropy gives its own
@@ -155,8 +179,10 @@ class TrainedModel:
         """
         return softmax(self.decision_function(inputs))
 
-    def score(self, inputs: np.ndarray, labels: np.ndarray) -> float:
+    def score(self, inputs: Any, labels: np.ndarray) -> float:
         """Accuracy on (inputs, labels)."""
+        if self.image_shape is not None:
+            inputs = self.images(inputs)
         labels = np.asarray(labels)
         if len(labels) != len(inputs):
             raise DPVisionError(f"{len(inputs)} inputs but {len(labels)} labels")

@@ -2,6 +2,7 @@
 dp-accounting's own accountants give, within 1e-6 relative, and fast on repeated calls."""
 
 import math
+import threading
 import time
 
 import dp_accounting
@@ -14,11 +15,14 @@ from dpvision.accounting import PrivacyLedger, compute_epsilon, poisson_gaussian
 from dpvision.accounting.accountants import (
     CLASSIC_RDP_ORDERS,
     RDP_ORDERS,
+    Accountant,
     _pld_interval,
+    prepare_steps,
 )
 from dpvision.accounting.repeated import (
     _DensePmf,
     poisson_gaussian_runs,
+    runs_epsilon,
     scan_epsilon,
     step_pld,
 )
@@ -133,3 +137,23 @@ def test_an_overflowing_scan_is_left_to_dp_accounting():
     except OverflowError as error:
         got = type(error)
     assert got == expected
+
+
+def test_make_private_prepares_the_step_in_the_background_without_changing_epsilon():
+    """``prepare_steps`` (called by ``PrivacyEngine.make_private``) builds the step's PLD in
+    a thread; ε afterwards is the ε computed from nothing."""
+    sigma, rate = 1.37, 0.0123
+    event = poisson_gaussian_event(noise_multiplier=sigma, sample_rate=rate, steps=400)
+    step_pld.cache_clear()
+    runs_epsilon.cache_clear()
+    cold = compute_epsilon(event, delta=1e-5)
+    step_pld.cache_clear()
+    runs_epsilon.cache_clear()
+    prepare_steps(sigma, rate, Accountant.PLD)
+    worker = next(t for t in threading.enumerate() if t.name == "dpvision-accounting")
+    worker.join(timeout=60)
+    assert step_pld.cache_info().currsize == 1
+    hits = step_pld.cache_info().hits
+    assert compute_epsilon(event, delta=1e-5) == cold
+    assert step_pld.cache_info().hits == hits + 1  # the prepared step was used
+    prepare_steps(0.0, rate, Accountant.PLD)  # nothing to prepare: no thread, no error

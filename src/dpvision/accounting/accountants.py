@@ -19,6 +19,7 @@ Balle et al. conversion is tighter at every order), and gaussian ≤ pld for ful
 import enum
 import logging
 import math
+import threading
 
 import dp_accounting
 import numpy as np
@@ -31,7 +32,14 @@ from dpvision.accounting.gaussian import (
     gdp_mu,
     is_unsampled_gaussian,
 )
-from dpvision.accounting.repeated import Run, poisson_gaussian_runs, runs_epsilon, runs_rdp
+from dpvision.accounting.repeated import (
+    Run,
+    poisson_gaussian_runs,
+    runs_epsilon,
+    runs_rdp,
+    step_pld,
+    step_rdp,
+)
 from dpvision.errors import DPVisionError
 
 
@@ -206,6 +214,24 @@ def compute_epsilon(
         candidates = rdp_values + math.log(1 / delta) / (orders - 1)
     best = float(np.nanmin(candidates))
     return max(0.0, best)
+
+
+def prepare_steps(noise_multiplier: float, sample_rate: float, accountant: Accountant) -> None:
+    """Builds, in a background thread, what ε of Poisson-sampled Gaussian steps (σ, q) will
+    need (:mod:`.repeated`: the step's RDP curve, and its PLD at the discretisation of any ε
+    ≥ 0.1), so that a training loop's first ``get_epsilon`` does not wait for it. Changes no
+    value: ε is computed as without it. Public arguments only; touches no data."""
+    if not (noise_multiplier > 0 and 0 < sample_rate < 1):
+        return
+
+    def build() -> None:
+        step_rdp(noise_multiplier, sample_rate, RDP_ORDERS)
+        if accountant is Accountant.PLD:
+            step_pld(noise_multiplier, sample_rate, PLD_DISCRETIZATION).prepare()
+        elif accountant is Accountant.CLASSIC_RDP:
+            step_rdp(noise_multiplier, sample_rate, CLASSIC_RDP_ORDERS)
+
+    threading.Thread(target=build, name="dpvision-accounting", daemon=True).start()
 
 
 def compute_delta(

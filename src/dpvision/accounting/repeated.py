@@ -208,6 +208,11 @@ class _StepPld:
         self.pld = pld
         self.pmfs = tuple(_dense(pmf) for pmf in (pld._pmf_remove, pld._pmf_add))
 
+    def prepare(self) -> None:
+        """Computes what every composition of the step reads (its tails' moments)."""
+        for pmf in self.pmfs:
+            _ = pmf.tail_moments
+
     def epsilon(self, count: int, delta: float) -> float:
         """ε at ``delta`` of ``count`` such steps (the larger of the remove and add sides)."""
         return max(pmf.self_compose(count).epsilon(delta) for pmf in self.pmfs)

@@ -19,7 +19,7 @@ from dpvision.accounting import (
     calibrate_noise_multiplier,
     parse_accountant,
 )
-from dpvision.accounting.accountants import Accountant
+from dpvision.accounting.accountants import Accountant, prepare_steps
 from dpvision.averaging import ParameterEMA
 from dpvision.errors import DPVisionError
 from dpvision.mechanisms.clip_policy import ClipPolicy, make_clip_policy
@@ -235,7 +235,8 @@ class PrivacyEngine:
             min_clipbound=min_clipbound,
             max_clipbound=max_clipbound,
         )
-        policy.noise_multiplier(noise_multiplier)  # a σ the policy cannot split: refused now
+        sigma = policy.noise_multiplier(noise_multiplier)  # one it cannot split: refused now
+        prepare_steps(sigma, sample_rate, self.accountant.kind)  # the first get_epsilon's work
         secret, call = self._prepare_secret(noise_generator, secret_seed, arguments)
         views = max(augmult, 1)
         dp_optimizer = self._prepare_optimizer(

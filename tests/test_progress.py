@@ -62,6 +62,21 @@ def test_quiet_silences_the_logged_lines(capsys: pytest.CaptureFixture[str]) -> 
     assert capsys.readouterr().err.startswith("[dpvision] demo: 0/2 images")
 
 
+def test_the_time_left_leaves_out_the_first_items_set_up(monkeypatch) -> None:
+    """The audit's case: its first model took 100 s (data, set-up), the next ones 1 s each;
+    "about 9 min left" came from the first alone. The rate counts from the first update."""
+    clock = [0.0]
+    monkeypatch.setattr(log.time, "monotonic", lambda: clock[0])
+    bar = Progress(10, "audit phase I", unit="models", enabled=False)
+    bar.__enter__()
+    clock[0] = 100.0
+    bar.update(1)
+    assert bar.render() == "audit phase I: 1/10 models ( 10%) 100 s"  # nothing to go on
+    clock[0] = 102.0
+    bar.update(2)
+    assert bar.render() == "audit phase I: 3/10 models ( 30%) 102 s, about 7 s left"
+
+
 def test_the_time_left_comes_from_the_estimate_at_first() -> None:
     bar = Progress(100.0, "DP-LS on 15552 features", counts=False, expected_seconds=600)
     bar.update(10.0)
@@ -73,7 +88,7 @@ def test_feature_extraction_shows_progress(capsys, every_update) -> None:
     extract_features(images, FeatureSpec("pixels"), progress=True, batch_size=4)
     err = capsys.readouterr().err
     assert _lines(err, r"^\[dpvision\] pixels: 0/12 images")
-    assert _lines(err, r"^\[dpvision\] pixels: 4/12 images .*left")
+    assert _lines(err, r"^\[dpvision\] pixels: 8/12 images .*left")  # from the second batch
     assert _lines(err, r"^\[dpvision\] pixels: 12/12 images \(100%\)")
 
 
@@ -105,6 +120,7 @@ def test_both_audit_phases_show_progress_from_their_start(capsys, every_update) 
     run_audit(config, settings, progress=True)
     err = capsys.readouterr().err
     assert _lines(err, r"^\[dpvision\] audit phase I: 0/8 models")
+    assert _lines(err, r"^\[dpvision\] audit phase I: 1/8 models \( 12%\) \d+ s$")  # no rate yet
     assert _lines(err, r"^\[dpvision\] audit phase I: 4/8 models .*about .* left")
     assert _lines(err, r"^\[dpvision\] audit phase II: 0/8 models")
     assert _lines(err, r"^\[dpvision\] audit phase II: 8/8 models \(100%\)")

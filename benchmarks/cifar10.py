@@ -340,7 +340,13 @@ def _randp_rows() -> list[Row]:
                     against=f"t2-scratch-wrn10-1-eps{epsilon:g}" if name == "randp" else None,
                     published_delta=three - scratch if name == "randp" else None,
                     level=False,
-                    note="CPU-sized: the paper's WRN-16-4 runs 875+ steps at B 4096, K 16",
+                    note="CPU-sized: the paper's WRN-16-4 runs 875+ steps at B 4096, K 16"
+                    + (
+                        f"; the same encoder frozen under a private linear head is "
+                        f"`t2-probe-eps{epsilon:g}`"
+                        if name == "randp"
+                        else ""
+                    ),
                 )
             )
     return rows

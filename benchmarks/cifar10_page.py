@@ -99,7 +99,7 @@ def _measured(
         f"{len(runs)}" + (f" of {row.seeds}" if len(runs) < row.seeds else ""),
         _duration(wall),
         f"{peak:.1f} GiB",
-        ", ".join(c[:12] for c in commits),
+        ", ".join(commits),  # "+local": src/ or configs/ differed from the commit
         status,
     ]
 

@@ -127,17 +127,19 @@ class _DensePmf:
                 lower = max(lower, math.floor(bound))
         length = upper - lower + 1
         needed = max(length, len(self.probs))
-        if self.log_spectrum is None or not needed <= self.log_spectrum[0] <= 2 * needed:
+        spectrum = self.log_spectrum  # one read: another thread may replace it meanwhile
+        if spectrum is None or not needed <= spectrum[0] <= 2 * needed:
             # dp-accounting takes the next fast length at or above what it needs; a quarter
             # more keeps one transform for many counts (a longer cycle only wraps less of
             # the truncated tails around).
             fast = fft.next_fast_len(needed + needed // 4)
             with np.errstate(divide="ignore"):  # a zero of the transform stays zero
-                self.log_spectrum = (fast, np.log(fft.rfft(self.probs, fast)))
-        fast = self.log_spectrum[0]
+                spectrum = (fast, np.log(fft.rfft(self.probs, fast)))
+            self.log_spectrum = spectrum
+        fast, log_spectrum = spectrum
         # The transform to the power count, as exp(count · log): what numpy's power does
         # for count ≥ 100; the real transform is the complex one's first half (real probs).
-        composed = fft.irfft(np.exp(count * self.log_spectrum[1]), fast)
+        composed = fft.irfft(np.exp(count * log_spectrum), fast)
         infinity = TAIL_MASS_TRUNCATION - math.expm1(count * math.log1p(-self.infinity_mass))
         return _DensePmf(
             np.roll(composed, -lower)[:length],

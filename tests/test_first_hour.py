@@ -242,3 +242,16 @@ def test_summary_of_a_result_without_zcdp_has_no_comparison() -> None:
     result = {**_fake_result(), "epsilon_zcdp": None, "n_train": 1, "n_test": 1}
     result |= {"num_features": 4, "wall_seconds": 0.1}
     assert "zCDP" not in summary(result)
+
+
+def test_the_calculators_table_is_not_widened_by_a_note(capsys) -> None:
+    """The gaussian row's "n/a (exact only for full batch …)" padded every row to 60+
+    columns; it runs on past the columns instead."""
+    argv = ["privacy", "epsilon", "--noise-multiplier", "1", "--sample-rate", "0.01"]
+    code, out, _ = _cli(capsys, *argv, "--steps", "100", "--delta", "1e-5")
+    assert code == 0
+    lines = out.splitlines()
+    assert any(line.startswith("  gaussian     n/a (exact only for full batch") for line in lines)
+    table = [line for line in lines[1:] if "n/a" not in line]
+    assert max(len(line) for line in table) < 30, table
+    assert all(line == line.rstrip() for line in lines)

@@ -35,9 +35,11 @@ def test_a_plain_line_at_the_start_then_by_time_not_by_item() -> None:
     with Progress(1000, "demo", unit="runs", stream=stream, log_interval=3600) as bar:
         for _ in range(1000):
             bar.update(1)
-    # The first line comes at the start; a thousand updates within the interval add none
-    # (the last state is logged only for a phase of a second or more).
-    assert stream.getvalue() == "[dpvision] demo: 0/1000 runs (  0%) 0 s\n"
+    # The first line comes at the start; a thousand updates within the interval add none,
+    # and the end is logged (a log that stops at "0/1000" reads as a stalled phase).
+    assert stream.getvalue() == (
+        "[dpvision] demo: 0/1000 runs (  0%) 0 s\n[dpvision] demo: 1000/1000 runs (100%) 0 s\n"
+    )
     stream = io.StringIO()
     with Progress(4, "demo", unit="runs", stream=stream, log_interval=0) as bar:
         for _ in range(4):

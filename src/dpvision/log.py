@@ -84,7 +84,7 @@ class Progress:
     On a terminal the line is redrawn in place (``\r``) at most every ``interval``
     seconds. Elsewhere (a log file, ``2>&1 | tee``, CI) a plain line goes through the
     ``dpvision`` logger at the start of the phase, then at most every ``log_interval``
-    seconds and at its end (when it took a second or more), as scikit-learn's and Opacus's
+    seconds and at its end, as scikit-learn's and Opacus's
     progress is logged: the first line comes when the phase starts, and ``-q`` silences it
     (on a terminal too).
 
@@ -195,8 +195,8 @@ class Progress:
             self.enabled
             and not self._tty
             and self._logged
-            and self._logged_done != self.done  # the last state is not shown yet
-            and time.monotonic() - self._start >= 1.0  # a phase under a second needs none
+            and self._logged_done != self.done  # the last state is not shown yet: a log
+            # that said "0/240" and nothing more would read as a phase that stalled
         ):
             self._draw(force=True)
         self.enabled = False

@@ -40,9 +40,19 @@ def _not_applicable(accountant: Any, sample_rate: float) -> str | None:
 
 
 def _print_table(title: str, header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
-    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    """The rows under ``header`` in aligned columns; a row that is a note (``n/a …`` and
+    nothing after it) runs on past the columns instead of widening them."""
+
+    def note(row: tuple[str, ...]) -> bool:
+        return row[1].startswith("n/a") and not any(row[2:])
+
+    table = [header, *(row for row in rows if not note(row))]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     print(title)
     for row in [header, *rows]:
+        if note(row):
+            print(f"  {row[0].ljust(widths[0])}  {row[1]}")
+            continue
         cells = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
         print(("  " + "  ".join(cells)).rstrip())
 

@@ -49,8 +49,11 @@ def prepare_schedule(
     """
     options, num_train = config.dpsgd, len(data.train_y)
     if options.batch_size > num_train:
+        # N is public (the result reports it); a power of two near N/4 leaves some steps.
+        suggested = 2 ** max(0, math.floor(math.log2(max(num_train // 4, 1))))
         raise DPVisionError(
-            f"learner.batch_size {options.batch_size} exceeds the {num_train} training examples"
+            f"learner.batch_size {options.batch_size} exceeds the {num_train} training "
+            f"examples; try --set learner.batch_size={suggested}"
         )
     steps, sample_rate = steps_and_rate(options, num_train)
     released = ValidationRelease.plan(

@@ -10,9 +10,8 @@ then self-compose the PLD by FFT and scan it for ε in Python. Here, per (σ, q)
 * the step's PLD is built once per discretisation, by dp-accounting (:func:`step_pld`), and
   the Fourier transform of each of its two loss distributions is kept, so k steps cost one
   elementwise power and one inverse FFT: the arithmetic of dp-accounting's ``self_compose``
-  (its tail bounds and truncation; a transform up to a quarter longer, which wraps less of
-  the truncated tail around), so the composed distribution is dp-accounting's up to
-  round-off;
+  (its tail bounds, transform length and truncation), so the composed distribution is
+  dp-accounting's up to round-off;
 * ε is read from the composed distribution by a vectorised form of dp-accounting's scan.
 
 A record of several runs (σ or q changed) composes the runs' PLDs with dp-accounting's own
@@ -127,12 +126,12 @@ class _DensePmf:
                 lower = max(lower, math.floor(bound))
         length = upper - lower + 1
         needed = max(length, len(self.probs))
+        # dp-accounting's transform length: the next fast length at or above what it needs
+        # (the cycle decides which truncated tail mass wraps around, so another length
+        # moved ε by 0.4 % at δ = 1e-12); consecutive counts mostly share it.
+        fast = fft.next_fast_len(needed)
         spectrum = self.log_spectrum  # one read: another thread may replace it meanwhile
-        if spectrum is None or not needed <= spectrum[0] <= 2 * needed:
-            # dp-accounting takes the next fast length at or above what it needs; a quarter
-            # more keeps one transform for many counts (a longer cycle only wraps less of
-            # the truncated tails around).
-            fast = fft.next_fast_len(needed + needed // 4)
+        if spectrum is None or spectrum[0] != fast:
             with np.errstate(divide="ignore"):  # a zero of the transform stays zero
                 spectrum = (fast, np.log(fft.rfft(self.probs, fast)))
             self.log_spectrum = spectrum

@@ -55,6 +55,8 @@ CASES = [  # σ, q, steps, δ: DP-SGD's range, small ε (finer discretisation) a
     (1.1, 0.01, 1, 1e-5),
     (2.0, 0.5, 40, 1e-3),
     (0.8, 0.05, 10000, 1e-12),  # a transform longer than dp-accounting's moved ε 0.4 % here
+    (1.0, 0.01, 1000, 1e-12),  # ... and 0.2 % here, below the exact value (the review's)
+    (50.0, 1e-5, 6, 1e-12),  # a step of tiny ε: a sparse distribution, left to dp-accounting
 ]
 
 
@@ -67,14 +69,32 @@ def test_same_epsilon_as_dp_accounting(accountant, sigma, rate, steps, delta):
     assert got == pytest.approx(_reference(event, delta, accountant), rel=1e-6)
 
 
+def test_epsilon_does_not_depend_on_what_was_asked_before():
+    """The cached transform is reused only at dp-accounting's own length: a count asked
+    after a larger one gives what it gives asked first (the review saw 2e-5 apart)."""
+    event = poisson_gaussian_event(noise_multiplier=1.0, sample_rate=0.01, steps=1000)
+    step_pld.cache_clear()
+    runs_epsilon.cache_clear()
+    cold = compute_epsilon(event, delta=1e-10)
+    runs_epsilon.cache_clear()
+    for steps in (4000, 3000):
+        larger = poisson_gaussian_event(noise_multiplier=1.0, sample_rate=0.01, steps=steps)
+        compute_epsilon(larger, delta=1e-10)
+        runs_epsilon.cache_clear()
+        assert compute_epsilon(event, delta=1e-10) == cold
+
+
 def test_several_runs_compose_as_the_pld_accountant():
     ledger = PrivacyLedger()  # a DP-RandP record: Phase II then Phase III, then more II
     ledger.record(noise_multiplier=2.0, sample_rate=0.02, count=50, released="head")
     ledger.record(noise_multiplier=1.2, sample_rate=0.04, count=300, released="whole model")
     ledger.record(noise_multiplier=2.0, sample_rate=0.02, count=10, released="head")
+    ledger.record(noise_multiplier=2.0, sample_rate=0.02, count=5, released="head, again")
     event = ledger.dp_event()
-    assert len(poisson_gaussian_runs(event)) == 3
-    assert ledger.epsilon(1e-5) == pytest.approx(_reference(event, 1e-5, "pld"), rel=1e-6)
+    assert len(poisson_gaussian_runs(event)) == 4  # entries of one (σ, q) stay apart
+    for delta in (1e-5, 1e-10):
+        expected = _reference(event, delta, "pld")
+        assert ledger.epsilon(delta) == pytest.approx(expected, rel=1e-6)
 
 
 def test_other_events_are_left_to_the_accountants():

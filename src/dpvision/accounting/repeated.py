@@ -207,7 +207,11 @@ class _StepPld:
 
     def __init__(self, pld: privacy_loss_distribution.PrivacyLossDistribution) -> None:
         self.pld = pld
-        self.pmfs = tuple(_dense(pmf) for pmf in (pld._pmf_remove, pld._pmf_add))
+        pmfs = (pld._pmf_remove, pld._pmf_add)
+        # A step of tiny ε is a sparse distribution, which dp-accounting composes otherwise:
+        # such a step is left to dp-accounting (it is small, so fast there too).
+        self.dense = all(isinstance(pmf, pld_pmf.DensePLDPmf) for pmf in pmfs)
+        self.pmfs = tuple(_dense(pmf) for pmf in pmfs) if self.dense else ()
 
     def prepare(self) -> None:
         """Computes what every composition of the step reads (its tails' moments)."""
@@ -215,8 +219,22 @@ class _StepPld:
             _ = pmf.tail_moments
 
     def epsilon(self, count: int, delta: float) -> float:
-        """ε at ``delta`` of ``count`` such steps (the larger of the remove and add sides)."""
-        return max(pmf.self_compose(count).epsilon(delta) for pmf in self.pmfs)
+        """ε at ``delta`` of ``count`` such steps (the larger of the remove and add sides),
+        composed into the identity as dp-accounting's accountant does (its ``compose``
+        truncates the tails once more, the right one into the infinite loss)."""
+        return max(_into_identity(pmf.self_compose(count)).epsilon(delta) for pmf in self.pmfs)
+
+
+def _into_identity(pmf: _DensePmf) -> _DensePmf:
+    """``pmf`` composed with the identity, as ``DensePLDPmf.compose`` does it: the same
+    probabilities, tails truncated by :data:`TAIL_MASS_TRUNCATION` (pessimistically)."""
+    offset, probs, right_tail = pld_pmf._truncate_tails(pmf.probs, TAIL_MASS_TRUNCATION, True)
+    return _DensePmf(
+        np.asarray(probs, dtype=float),
+        pmf.lower_loss + int(offset),
+        pmf.infinity_mass + float(right_tail),
+        pmf.discretization,
+    )
 
 
 def _dense(pmf: pld_pmf.PLDPmf) -> _DensePmf:
@@ -237,16 +255,11 @@ def runs_epsilon(runs: tuple[Run, ...], delta: float, interval: float) -> float:
     """ε at ``delta`` of ``runs`` by PLD at discretisation ``interval``, as dp-accounting's
     PLD accountant computes it: one run from the cached step and its transforms; several
     composed by dp-accounting's ``compose``, then scanned."""
-    merged: list[Run] = []
-    for sigma, rate, count in runs:  # consecutive runs of one (σ, q) are one run
-        if merged and merged[-1][:2] == (sigma, rate):
-            merged[-1] = (sigma, rate, merged[-1][2] + count)
-        else:
-            merged.append((sigma, rate, count))
-    if len(merged) == 1:
-        sigma, rate, count = merged[0]
+    if len(runs) == 1 and step_pld(*runs[0][:2], interval).dense:
+        sigma, rate, count = runs[0]
         return step_pld(sigma, rate, interval).epsilon(count, delta)
+    # Each run composed separately, in order (as the ledger's entries are), by dp-accounting.
     total = privacy_loss_distribution.identity(interval)
-    for sigma, rate, count in merged:
+    for sigma, rate, count in runs:
         total = total.compose(step_pld(sigma, rate, interval).pld.self_compose(count))
     return max(_dense(pmf).epsilon(delta) for pmf in (total._pmf_remove, total._pmf_add))

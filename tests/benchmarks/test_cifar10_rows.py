@@ -146,7 +146,8 @@ def test_the_page_says_where_each_row_stands_against_the_paper(tmp_path: Path) -
     assert "**61.00** (60.00–62.00)" in far
     assert "**unexplained**" in far
     assert "not run yet" in next(x for x in text.splitlines() if "`none`" in x)
-    assert "GPU hours" in next(x for x in text.splitlines() if "`gpu`" in x)
+    gpu = next(x for x in text.splitlines() if "`gpu`" in x)
+    assert "`scripts/gpu-check --cifar` projects it on a GPU and runs it" in gpu
     assert "the copy" in text
 
 

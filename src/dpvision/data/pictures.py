@@ -59,8 +59,8 @@ def _one_or_more(item: Any, channels: int, geometry: ImageGeometry) -> np.ndarra
 
 def _is_pil(value: Any) -> bool:
     try:
-        from PIL import Image
-    except ImportError:  # optional: without Pillow there are no Pillow images either
+        from PIL import Image  # local import: optional dependency (no Pillow, no its images)
+    except ImportError:
         return False
     return isinstance(value, Image.Image)
 
@@ -102,7 +102,7 @@ def _from_array(
 
 def _convert(images: np.ndarray, channels: int) -> np.ndarray:
     """Channels converted as Pillow converts a decoded file: ``RGB`` or ``L``."""
-    from PIL import Image
+    from PIL import Image  # local import: optional dependency
 
     modes = {1: "L", 3: "RGB", 4: "RGBA"}
     out = np.empty((*images.shape[:3], channels), dtype=np.uint8)

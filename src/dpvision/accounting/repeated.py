@@ -255,9 +255,11 @@ def runs_epsilon(runs: tuple[Run, ...], delta: float, interval: float) -> float:
     """ε at ``delta`` of ``runs`` by PLD at discretisation ``interval``, as dp-accounting's
     PLD accountant computes it: one run from the cached step and its transforms; several
     composed by dp-accounting's ``compose``, then scanned."""
-    if len(runs) == 1 and step_pld(*runs[0][:2], interval).dense:
+    if len(runs) == 1:
         sigma, rate, count = runs[0]
-        return step_pld(sigma, rate, interval).epsilon(count, delta)
+        step = step_pld(sigma, rate, interval)
+        if step.dense:
+            return step.epsilon(count, delta)
     # Each run composed separately, in order (as the ledger's entries are), by dp-accounting.
     total = privacy_loss_distribution.identity(interval)
     for sigma, rate, count in runs:

@@ -52,9 +52,7 @@ def _one_or_more(item: Any, channels: int, geometry: ImageGeometry) -> np.ndarra
     """A list's item: an image (one), or a file, folder or batch (several)."""
     if isinstance(item, list | tuple):
         raise DPVisionError(f"this model takes {TAKES}; got a list inside a list")
-    if isinstance(item, np.ndarray) and item.ndim == 4:
-        return _from_array(item, channels, geometry, batch=True)
-    return as_images(item, channels, geometry)
+    return as_images(item, channels, geometry)  # a 4-D array is a batch there too
 
 
 def _is_pil(value: Any) -> bool:

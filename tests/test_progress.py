@@ -85,6 +85,21 @@ def test_the_time_left_comes_from_the_estimate_at_first() -> None:
     assert re.fullmatch(r"DP-LS on 15552 features:  10%, 0 s, about 9\.0 min left", bar.render())
 
 
+def test_a_phase_slower_than_its_estimate_stops_quoting_it(monkeypatch) -> None:
+    """The DP-LS case: "about 5 s left" of a fit that took 32 s. Once the phase is behind
+    its estimate, the time left follows the rate since the start."""
+    clock = [0.0]
+    monkeypatch.setattr(log.time, "monotonic", lambda: clock[0])
+    bar = Progress(100.0, "DP-LS on 3888 features", counts=False, expected_seconds=6, enabled=False)
+    bar.__enter__()
+    clock[0] = 0.5  # within the estimate: it is quoted
+    assert bar.render().endswith("about 6 s left")
+    clock[0] = 20.0
+    assert bar.render().endswith("longer than the estimated 6 s")  # nothing done yet
+    bar.update(10.0)
+    assert bar.render().endswith(", about 3.0 min left")
+
+
 def test_feature_extraction_shows_progress(capsys, every_update) -> None:
     images = np.random.default_rng(0).integers(0, 256, (12, 8, 8, 1), dtype=np.uint8)
     extract_features(images, FeatureSpec("pixels"), progress=True, batch_size=4)

@@ -31,16 +31,18 @@ def test_dpsgd_recipe_line_names_the_values_used() -> None:
     line = recipe["summary"]
     assert "B 128" in line
     assert "lr 0.5" in line
-    # momentum and C were left at the learner's defaults: their values, and that they are
-    assert "momentum 0" in line
-    assert "C 1" in line
-    assert "epochs 10" in line
-    assert "(learner defaults: epochs, max_grad_norm, momentum)" in line
-    _, recipe = apply_recipe(resolve(sets=[*sets, "learner.momentum=0.9", "learner.steps=7"]))
-    assert "momentum 0.9" in recipe["summary"]
+    # momentum, C and the length were left to the dp-sgd recipe: their values, and why
+    assert "momentum 0.9" in line
+    assert "C 0.1" in line
+    assert "epochs 40" in line
+    assert "the dp-sgd recipe for N = " in line
+    assert "learner defaults" not in line
+    _, recipe = apply_recipe(resolve(sets=[*sets, "learner.momentum=0.5", "learner.steps=7"]))
+    assert "momentum 0.5" in recipe["summary"]
     assert "steps 7" in recipe["summary"]
     _, adam = apply_recipe(resolve(sets=[*sets, 'learner.optimizer="adam"']))
     assert ", adam —" in adam["summary"]
+    assert "lr 0.001" in adam["summary"]  # Adam keeps torch's default, not SGD's scaling
 
 
 def test_feature_learner_recipe_line_is_unchanged() -> None:

@@ -35,9 +35,14 @@ from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
+    "ADAM_LEARNING_RATE",
     "AUTO",
+    "DEEP_FIXED",
+    "DEEP_LEARNING_RATE_PER_512",
+    "DEEP_MAX_BATCH",
     "LINEAR_SCHEDULES",
     "LinearSchedule",
+    "deep_schedule",
     "default_features",
     "default_model",
     "default_preprocessing",
@@ -108,6 +113,45 @@ def linear_schedule(num_train: int, epsilon: float | None) -> dict[str, Any]:
         "epochs": tuned.epochs,
         "learning_rate": tuned.learning_rate_per_512 * batch / 512,
     }
+
+
+DEEP_FIXED: dict[str, Any] = {"max_grad_norm": 0.1, "optimizer": "sgd", "momentum": 0.9}
+"""``dp-sgd``'s clip norm and optimizer: Tramèr & Boneh's for their end-to-end CNNs."""
+DEEP_LEARNING_RATE_PER_512 = 0.5
+"""``dp-sgd``'s learning rate per 512 examples of batch (Tramèr & Boneh's CNNs on MNIST and
+CIFAR-10: lr 0.5 at B 512, lr 1 at B 1024); on 240 images it was the best of
+{0.25, 0.5, 1, 2} (``benchmarks/small_folders.py``)."""
+DEEP_MAX_BATCH = 1024
+"""``dp-sgd``'s batch: half the training set (q = 1/2, the better of q ∈ {0.14, 0.5, 1} on
+240 images), at most Tramèr & Boneh's 1024 on CIFAR-10 (larger sets take more steps)."""
+ADAM_LEARNING_RATE = 1e-3
+"""The learning rate of ``optimizer = "adam"`` when the user leaves it (torch's default)."""
+
+
+def deep_schedule(
+    num_train: int, epsilon: float | None, optimizer: str | None = None
+) -> dict[str, Any]:
+    """The learner options of ``dp-sgd`` for ``num_train`` training examples at target
+    ``epsilon``, for any model (dpvision's, timm, torchvision, ``python:``): Tramèr &
+    Boneh's end-to-end CNN recipe (C = 0.1, SGD with momentum 0.9, learning rate 0.5 per
+    512 examples of batch), the batch half the set up to 1024, and the epochs of the
+    linear recipe at that ε (:func:`schedule_for`). ``optimizer``: the user's, when set
+    (Adam keeps its own learning rate, :data:`ADAM_LEARNING_RATE`, and has no momentum)::
+
+        >>> deep_schedule(240, 3.0)["batch_size"], deep_schedule(50_000, 3.0)["batch_size"]
+        (120, 1024)
+    """
+    batch = max(1, min(DEEP_MAX_BATCH, round(num_train / 2)))
+    options = {
+        **DEEP_FIXED,
+        "batch_size": batch,
+        "epochs": schedule_for(epsilon).epochs,
+        "learning_rate": DEEP_LEARNING_RATE_PER_512 * batch / 512,
+    }
+    if optimizer == "adam":
+        options.update(optimizer="adam", learning_rate=ADAM_LEARNING_RATE)
+        del options["momentum"]
+    return options
 
 
 SCATTER_MIN_SIDE = 8

@@ -13,6 +13,7 @@ from dpvision.recipes import (
     default_features,
     default_model,
     default_preprocessing,
+    deep_schedule,
     linear_schedule,
     schedule_for,
 )
@@ -92,6 +93,35 @@ def test_the_recipe_keeps_what_the_user_set():
     }
 
 
+def test_the_dp_sgd_recipe_fits_the_batch_to_n_and_keeps_what_the_user_set(tmp_path):
+    small, large = deep_schedule(240, 3.0), deep_schedule(50_000, 3.0)
+    assert (small["batch_size"], large["batch_size"]) == (120, 1024)  # N/2, at most 1024
+    assert small["learning_rate"] == 0.5 * 120 / 512
+    assert small["max_grad_norm"] == large["max_grad_norm"] == 0.1
+    assert small["momentum"] == 0.9
+    assert deep_schedule(240, 1.0)["epochs"] == schedule_for(1.0).epochs
+    assert deep_schedule(1, 3.0)["batch_size"] == 1
+    adam = deep_schedule(240, 3.0, "adam")
+    assert "momentum" not in adam
+    assert adam["learning_rate"] == 1e-3
+    rng = np.random.default_rng(0)
+    path = tmp_path / "a.npz"
+    _npz(path, rng, rng.integers(0, 3, 400))
+    base = [f"dataset='npz:{path}'", "num_classes=3", "method=dp-sgd", "learner.model=mlp-8"]
+    config, recipe = apply_recipe(resolve(sets=base))
+    assert config.learner["batch_size"] == 150  # 300 training rows
+    assert recipe["set"]["learner.epochs"] == 40
+    mine, note = apply_recipe(resolve(sets=[*base, "learner.steps=5", "learner.momentum=0"]))
+    assert (mine.learner["steps"], mine.learner["momentum"]) == (5, 0)
+    assert "epochs" not in mine.learner
+    assert "learner.momentum" not in note["set"]
+    every = ["batch_size=8", "steps=3", "learning_rate=0.1", "max_grad_norm=1", "momentum=0"]
+    every += ["optimizer='sgd'"]
+    _, none = apply_recipe(resolve(sets=[*base, *(f"learner.{o}" for o in every)]))
+    assert none["set"] == {}
+    assert none["why"] == "as configured"
+
+
 def _npz(path, rng, labels):
     x = rng.integers(0, 256, (len(labels), 12, 12), dtype=np.uint8)
     np.savez(path, x_train=x[:300], y_train=labels[:300], x_test=x[300:], y_test=labels[300:])
@@ -103,13 +133,16 @@ def test_the_recipe_reads_no_pixel_and_no_label(tmp_path):
     first, second = tmp_path / "a.npz", tmp_path / "b.npz"
     _npz(first, rng, rng.integers(0, 3, 400))
     _npz(second, rng, np.full(400, 2))  # other pixels, every label the same
-    recipes = [
-        apply_recipe(resolve(sets=[f"dataset='npz:{path}'", "num_classes=3", "epsilon=1.0"]))
-        for path in (first, second)
-    ]
-    (one, note_one), (two, note_two) = recipes
-    assert {**one.to_dict(), "dataset": ""} == {**two.to_dict(), "dataset": ""}
-    assert note_one["set"] == note_two["set"]
+    for method in ('method="auto"', 'method="dp-sgd"'):
+        recipes = [
+            apply_recipe(
+                resolve(sets=[f"dataset='npz:{path}'", "num_classes=3", "epsilon=1.0", method])
+            )
+            for path in (first, second)
+        ]
+        (one, note_one), (two, note_two) = recipes
+        assert {**one.to_dict(), "dataset": ""} == {**two.to_dict(), "dataset": ""}
+        assert note_one["set"] == note_two["set"]
 
 
 def test_dp_sgd_on_digits_runs_with_a_model_that_fits(tmp_path, capsys):
@@ -119,6 +152,8 @@ def test_dp_sgd_on_digits_runs_with_a_model_that_fits(tmp_path, capsys):
     assert main(argv) == 0
     result = json.loads(out.read_text())
     assert result["model"] == "mlp-256"
-    assert result["recipe"]["set"] == {"learner.model": "mlp-256"}
+    chosen = result["recipe"]["set"]
+    assert chosen["learner.model"] == "mlp-256"
+    assert chosen["learner.max_grad_norm"] == 0.1  # the dp-sgd recipe, not the learner's 1
     assert result["test_accuracy"] > 0.5  # measured 0.8997 at seed 0
     assert "model mlp-256 fits 1×8×8 images" in capsys.readouterr().out

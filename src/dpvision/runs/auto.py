@@ -17,6 +17,7 @@ from dpvision.mechanisms.secret import SecretRandomness
 from dpvision.recipes import (
     AUTO,
     RECIPE_METHOD,
+    deep_schedule,
     default_features,
     default_model,
     default_preprocessing,
@@ -45,7 +46,8 @@ def apply_recipe(
     model = config.learner.get("model", AUTO)
     needs_model = config.method in ("dp-sgd", "dp-randp") and model == AUTO
     pending = config.features == AUTO or config.preprocessing.kind == AUTO
-    if config.method == AUTO or pending or needs_model:
+    needs_schedule = config.method == "dp-sgd" and bool(_deep_unset(config.learner))
+    if config.method == AUTO or pending or needs_model or needs_schedule:
         facts = data_facts(config, secret)
         num_train, image_shape = facts.num_train, facts.image_shape
         if pending:
@@ -86,12 +88,39 @@ def apply_recipe(
             config = dataclasses.replace(
                 config, learner={**config.learner, "model": chosen["learner.model"]}
             )
+        if needs_schedule:
+            options = deep_schedule(num_train, config.epsilon, config.learner.get("optimizer"))
+            schedule = {key: options[key] for key in _deep_unset(config.learner) if key in options}
+            chosen.update({f"learner.{key}": value for key, value in schedule.items()})
+            target = "a fixed σ" if config.epsilon is None else f"ε = {config.epsilon:g}"
+            why = (
+                f"the dp-sgd recipe for N = {num_train} at {target} "
+                "(Tramèr & Boneh's CNN schedule; docs/guide/recipes.md)"
+            ) + why.removeprefix("as configured")
+            config = dataclasses.replace(config, learner={**config.learner, **schedule})
         config = validate(config)
     recipe = {"default": "method" in chosen, "set": chosen, "why": why}
     if "features" in chosen and "method" not in chosen:
         recipe["why"] += f"; features {chosen['features']} are the default of {config.method}"
     recipe["summary"] = _summary(config, recipe)
     return config, recipe
+
+
+_LENGTH = ("steps", "epochs")
+
+
+def _deep_unset(learner: dict[str, Any]) -> list[str]:
+    """The schedule options of ``dp-sgd`` the user left to the recipe: the batch, the
+    length (unless ``steps`` or ``epochs`` is set), the learning rate, the clip norm and
+    the optimizer with its momentum (momentum only for SGD)."""
+    unset = [key for key in ("batch_size", "learning_rate", "max_grad_norm") if key not in learner]
+    if not any(key in learner for key in _LENGTH):
+        unset.append("epochs")
+    if "optimizer" not in learner:
+        unset.append("optimizer")
+    if learner.get("optimizer", "sgd") == "sgd" and "momentum" not in learner:
+        unset.append("momentum")
+    return unset
 
 
 def _summary(config: TrainConfig, recipe: dict[str, Any]) -> str:

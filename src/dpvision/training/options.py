@@ -85,6 +85,11 @@ _PERFORMANCE = tuple(f.name for f in dataclasses.fields(PerformanceOptions))
 class DPSGDOptions:
     """Hyper-parameters of one DP-SGD run (De et al. 2022; Tramèr & Boneh 2021).
 
+    The defaults below are this class's; a run of ``method = "dp-sgd"`` (``dpvision
+    train``, ``dpvision.train``) first fills the batch, length, learning rate, clip norm and
+    optimizer it was not given from the dp-sgd recipe
+    (:func:`dpvision.recipes.deep_schedule`: N and ε only).
+
     Attributes:
       model: ``auto`` (the default; :func:`dpvision.recipes.default_model`: the Tanh CNN
         for 1×28×28 and 3×32×32 images, ``scatter-cnn`` on ScatterNet features, a WRN-16-4

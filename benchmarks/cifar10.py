@@ -509,7 +509,11 @@ def _save(store: dict[str, Any]) -> None:
 
 
 def _machine() -> str:
-    return f"{platform.machine()}, {os.cpu_count()} cores"
+    """The machine, and the threads a run was held to where ``OMP_NUM_THREADS`` limits
+    them (a long row run beside other work on one of the cores)."""
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    held = f", {threads} thread{'s' if threads != '1' else ''}" if threads.isdigit() else ""
+    return f"{platform.machine()}, {os.cpu_count()} cores{held}"
 
 
 def run_row(

@@ -10,10 +10,10 @@ from dpvision.cli import main
 from dpvision.config import resolve
 from dpvision.recipes import (
     LINEAR_SCHEDULES,
+    deep_schedule,
     default_features,
     default_model,
     default_preprocessing,
-    deep_schedule,
     linear_schedule,
     schedule_for,
 )

@@ -69,6 +69,7 @@ SLOW = {
     "tests/gpu/test_gpu_check.py::": "the GPU check's report without CUDA",
     "tests/benchmarks/test_dpsgd_speed_smoke.py::": "the benchmarks' plumbing",
     "tests/benchmarks/test_cifar10_rows.py::test_a_projection": "four timed processes",
+    "tests/benchmarks/test_small_folders.py::test_dp_sgd_with_only": "accuracy, a CNN run",
     "tests/test_isolation.py::test_a_command_run_by_a_test_writes": "a command's cache folder",
     "tests/training/test_adaptive_clipping.py::test_cli_adaptive_clipping": "CLI, resume",
     "tests/test_report.py::test_sweep_": "sweeps, end to end",

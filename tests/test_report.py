@@ -304,3 +304,26 @@ def test_a_sweeps_lines_print_accuracy_as_train_does(
     sweep([config], epsilons=[1.0], seeds=[0], out=tmp_path / "out", quiet=False)
     line = next(r.getMessage() for r in caplog.records if "test accuracy" in r.getMessage())
     assert re.search(r"ls_eps1_seed0\.json: test accuracy \d{1,3}\.\d\d %, ε = ", line), line
+
+
+def test_a_kept_dp_sgd_run_is_not_rerun_for_the_schedule_its_recipe_chose(tmp_path: Path) -> None:
+    """Review of issue 52: a sweep took the dp-sgd recipe's batch, epochs, learning rate, C
+    and momentum for a changed config and reran every dp-sgd run."""
+    from dpvision.report.sweep import _stale
+    from dpvision.runs.auto import apply_recipe
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 256, (400, 12, 12), dtype=np.uint8)
+    y = rng.integers(0, 3, 400)
+    data = tmp_path / "d.npz"
+    np.savez(data, x_train=x[:300], y_train=y[:300], x_test=x[300:], y_test=y[300:])
+    config = resolve(sets=[f"dataset='npz:{data}'", "num_classes=3", 'method="dp-sgd"'])
+    resolved, recipe = apply_recipe(config)
+    assert "learner.batch_size" in recipe["set"]
+    kept = tmp_path / "kept.json"
+    kept.write_text(json.dumps({"config": resolved.to_dict(), "recipe": recipe}))
+    assert _stale(kept, config) is None
+    changed = resolve(
+        sets=[f"dataset='npz:{data}'", "num_classes=3", 'method="dp-sgd"', "learner.batch_size=32"]
+    )
+    assert _stale(kept, changed) == "learner.batch_size"

@@ -157,3 +157,15 @@ def test_dp_sgd_on_digits_runs_with_a_model_that_fits(tmp_path, capsys):
     assert chosen["learner.max_grad_norm"] == 0.1  # the dp-sgd recipe, not the learner's 1
     assert result["test_accuracy"] > 0.5  # measured 0.8997 at seed 0
     assert "model mlp-256 fits 1×8×8 images" in capsys.readouterr().out
+
+
+def test_the_audits_dp_sgd_defaults_leave_nothing_to_the_recipe():
+    """Review of issue 52: the audit's mechanism (plain SGD, Phase I's learning-rate grid
+    chosen for it) is its own, not the training recipe's momentum 0.9."""
+    from dpvision.audit.harness import AUDIT_DEFAULTS
+    from dpvision.runs.auto import _deep_unset
+
+    config = resolve(sets=['method="dp-sgd"', *AUDIT_DEFAULTS["dp-sgd"]])
+    assert _deep_unset(config.learner) == []
+    _, recipe = apply_recipe(config)
+    assert recipe["set"] == {}

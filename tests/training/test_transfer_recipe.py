@@ -14,6 +14,7 @@ from dpvision.cli import main
 from dpvision.config import resolve
 from dpvision.errors import DPVisionError
 from dpvision.models.encoder import ENCODER_FORMAT
+from dpvision.recipes import deep_schedule
 from dpvision.runs.network import head_init_for, pixel_statistics
 from dpvision.runs.saved import load_model
 from dpvision.runs.search import HEAD_LEARNING_RATE_FACTOR, parse_search, transfer_search
@@ -173,6 +174,19 @@ def test_transfer_search_lists_scratch_all_and_head_for_each_other_setting():
     assert rates == [1, 1, 4.0, 3, 3, 12.0]
     with pytest.raises(DPVisionError, match=r"chooses learner\.finetune itself"):
         transfer_search("w.pt", 1.0, parse_search(["learner.finetune=all,head"]))
+
+
+def test_a_transfer_search_without_a_rate_leaves_it_to_the_recipe_with_the_head_factor():
+    """Review of issue 52: ``tune --transfer`` read the class default (lr 1) before the
+    dp-sgd recipe ran, so probing got 4 × 1 while the other candidates got the recipe's
+    0.5·B/512, 27× less at N = 301. Unset, every candidate's rate is the recipe's, the
+    probing one at the same factor."""
+    rows = transfer_search("w.pt", None).candidates()
+    assert all("learner.learning_rate" not in row for row in rows)
+    full = deep_schedule(301, 1.0, finetune="all")["learning_rate"]
+    probe = deep_schedule(301, 1.0, finetune="head")["learning_rate"]
+    assert probe == HEAD_LEARNING_RATE_FACTOR * full
+    assert deep_schedule(301, 1.0, "adam", "head")["learning_rate"] == 1e-3  # Adam's own
 
 
 def test_tune_transfer_accounts_the_whole_search(files, tmp_path, capsys):

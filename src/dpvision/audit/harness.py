@@ -101,7 +101,8 @@ def check_counts(settings: Any, names: Sequence[str], *, minimum: int) -> None:
 
 # What an audit trains when the user does not say: small enough for thousands of runs.
 # dp-sgd follows De et al.'s |D| = 100 setting (Table 8: batch 64, 50-100 updates) with a
-# small MLP on the pixels; the feature learners keep their own defaults.
+# small MLP on the pixels, plain SGD (every schedule option set: the dp-sgd recipe of a
+# training run fills none of them); the feature learners keep their own defaults.
 AUDIT_DEFAULTS: dict[str, tuple[str, ...]] = {
     "dp-sgd": (
         "learner.model='mlp-32'",
@@ -110,6 +111,8 @@ AUDIT_DEFAULTS: dict[str, tuple[str, ...]] = {
         "learner.steps=50",
         "learner.learning_rate=1.0",
         "learner.max_grad_norm=1.0",
+        "learner.optimizer='sgd'",
+        "learner.momentum=0.0",
         "learner.normalization='none'",
     ),
 }

@@ -24,7 +24,8 @@ def run(args: argparse.Namespace) -> None:
                 "--transfer chooses between scratch and fine-tuning learner.init: give "
                 "--method dp-sgd and --set learner.init=FILE"
             )
-        search = transfer_search(config.dpsgd.init, config.dpsgd.learning_rate, search)
+        rate = config.learner.get("learning_rate")  # None: the dp-sgd recipe's, at run time
+        search = transfer_search(config.dpsgd.init, rate, search)
     assert search is not None
     settings.repetitions(len(search.candidates()))
     result, model = run_tune(config, search, settings, quiet=args.quiet)

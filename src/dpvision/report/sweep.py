@@ -158,11 +158,11 @@ def _stale(path: Path, config: "TrainConfig") -> str | None:
 
 
 def _with_recipe(config: "TrainConfig", chosen: dict[str, Any]) -> "TrainConfig":
-    """``config`` with the default recipe's recorded choices (a result's ``recipe.set``:
-    ``method``, ``features``, ``preprocessing``, ``learner.KEY``) filled in, each only where
-    ``config`` leaves it to the recipe, as :func:`dpvision.runs.auto.apply_recipe` fills
-    them: an option ``config`` sets itself keeps its value (and so differs when the kept
-    run's differs). Reads no data."""
+    """``config`` with the recipe's recorded choices (a result's ``recipe.set``: ``method``,
+    ``features``, ``preprocessing``, ``learner.KEY`` of the default recipe or of ``dp-sgd``'s
+    schedule) filled in, each only where ``config`` leaves it to the recipe, as
+    :func:`dpvision.runs.auto.apply_recipe` fills them: an option ``config`` sets itself
+    keeps its value (and so differs when the kept run's differs). Reads no data."""
     from dpvision.config import validate
     from dpvision.recipes import AUTO
 
@@ -176,6 +176,8 @@ def _with_recipe(config: "TrainConfig", chosen: dict[str, Any]) -> "TrainConfig"
         pre = dataclasses.replace(pre, **chosen["preprocessing"])
     if config.method == AUTO and isinstance(chosen.get("method"), str):
         method = chosen["method"]
+    if method != AUTO and (config.method == AUTO or config.method == "dp-sgd"):
+        # the default recipe's schedule, or dp-sgd's (for the options the config leaves)
         for key, value in chosen.items():
             option = key.removeprefix("learner.")
             if key.startswith("learner.") and option != "model" and option not in learner:

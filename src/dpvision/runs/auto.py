@@ -89,7 +89,12 @@ def apply_recipe(
                 config, learner={**config.learner, "model": chosen["learner.model"]}
             )
         if needs_schedule:
-            options = deep_schedule(num_train, config.epsilon, config.learner.get("optimizer"))
+            options = deep_schedule(
+                num_train,
+                config.epsilon,
+                config.learner.get("optimizer"),
+                config.learner.get("finetune"),
+            )
             schedule = {key: options[key] for key in _deep_unset(config.learner) if key in options}
             chosen.update({f"learner.{key}": value for key, value in schedule.items()})
             target = "a fixed σ" if config.epsilon is None else f"ε = {config.epsilon:g}"

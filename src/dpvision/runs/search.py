@@ -15,6 +15,7 @@ from typing import Any
 from dpvision.accounting import Repetitions
 from dpvision.config import parse_override
 from dpvision.errors import DPVisionError
+from dpvision.recipes import HEAD_LEARNING_RATE_FACTOR
 
 # What a search may not vary: the budget itself, and what the selection fixes.
 _NOT_SEARCHABLE = (
@@ -56,19 +57,14 @@ class Search:
         ]
 
 
-HEAD_LEARNING_RATE_FACTOR = 4.0
-"""The learning rate of the ``finetune = "head"`` candidate of :func:`transfer_search`, as
-a multiple of the base run's: measured (issue 40) best at 4× the rate of full fine-tuning
-on Fashion-MNIST's public slice (16 against 4, validation accuracy 85.74 % against
-85.11 %; ``benchmarks/results/finetune_fmnist.md``)."""
-
-
-def transfer_search(init: str, learning_rate: float, extra: Search | None = None) -> Search:
+def transfer_search(init: str, learning_rate: float | None, extra: Search | None = None) -> Search:
     """``dpvision tune --transfer``: the choice between training from scratch and
     fine-tuning ``learner.init`` — all of it, or the classifier only (linear probing, at
     :data:`HEAD_LEARNING_RATE_FACTOR` × the learning rate) — crossed with the other
     searched keys (``extra``; a searched ``learner.learning_rate`` is scaled for the
     probing candidate too). Scratch is ``learner.init = ""`` (no weights).
+    ``learning_rate``: the config's, or None where it leaves it to the dp-sgd recipe, which
+    gives the probing candidate the same factor (:func:`dpvision.recipes.deep_schedule`).
 
     Privacy: public, fixed before any data is read (the config and the flags only).
     """
@@ -77,17 +73,13 @@ def transfer_search(init: str, learning_rate: float, extra: Search | None = None
             raise DPVisionError(f"--transfer chooses {key} itself; do not --search it too")
     rows: list[dict[str, Any]] = []
     for setting in extra.candidates() if extra is not None else [{}]:
-        rate = float(setting.get("learner.learning_rate", learning_rate))
+        rate = setting.get("learner.learning_rate", learning_rate)
         rows.append({**setting, "learner.init": "", "learner.finetune": "all"})
         rows.append({**setting, "learner.init": init, "learner.finetune": "all"})
-        rows.append(
-            {
-                **setting,
-                "learner.init": init,
-                "learner.finetune": "head",
-                "learner.learning_rate": HEAD_LEARNING_RATE_FACTOR * rate,
-            }
-        )
+        probe = {**setting, "learner.init": init, "learner.finetune": "head"}
+        if rate is not None:
+            probe["learner.learning_rate"] = HEAD_LEARNING_RATE_FACTOR * float(rate)
+        rows.append(probe)
     keys = tuple(dict.fromkeys(key for row in rows for key in row))
     values = tuple(
         tuple({repr(row[key]): row[key] for row in rows if key in row}.values()) for key in keys

@@ -643,6 +643,8 @@ def project_row(
         if batch is not None and argv[0] == "train":
             parts[-1]["timed_batch"] = batch
             parts[-1]["views_scale"] = round(scale, 1)
+    if RESULTS.exists():  # runs another process stored meanwhile are kept
+        store.update({k: v for k, v in _load().items() if k in ("runs", "projections")})
     store["projections"] = [
         p for p in store["projections"] if not (p["row"] == row.key and p["machine"] == _machine())
     ]

@@ -78,7 +78,8 @@ class AdaptiveClipping:
         if not self.count_noise > sigma:
             raise DPVisionError(
                 f"adaptive clipping needs unclipped_num_std > the noise multiplier "
-                f"({self.count_noise:g} <= {sigma:.4g}): raise unclipped_num_std or the batch size"
+                f"({self.count_noise:g} <= {sigma:.4g}): set learner.unclipped_num_std above "
+                f"it (e.g. {2 * sigma:.3g}) or raise learner.batch_size"
             )
         return 1.0 / math.sqrt(sigma**-2 - self.count_noise**-2)
 

@@ -151,7 +151,8 @@ def test_cli_trains_with_per_layer_clipping(tmp_path, capsys):
     assert code == 0
     result = json.loads(out.read_text())
     assert result["config"]["learner"]["clipping"] == "per_layer"  # Opacus' spelling
-    assert result["privacy_ledger"][-1]["l2_sensitivity"] == pytest.approx(1.0)
+    clip = result["config"]["learner"]["max_grad_norm"]  # the dp-sgd recipe's 0.1
+    assert result["privacy_ledger"][-1]["l2_sensitivity"] == pytest.approx(clip)  # C, not C/√G
     code = main(["train", "--quiet", "--method", "dp-sgd", "--set", "learner.clipping='x'"])
     assert code == 2
     assert "unknown learner.clipping 'x'; choose one of: flat, per_layer" in capsys.readouterr().err

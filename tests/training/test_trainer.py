@@ -219,7 +219,7 @@ def test_bad_learner_options_are_one_line_errors(
 
 def test_batch_size_larger_than_the_dataset_is_refused(data: Path) -> None:
     # ... and the message says what would work (N is public: the result reports it)
-    message = "exceeds the 240 training examples; try --set learner.batch_size=32"
+    message = "exceeds the 240 training examples; try --set learner.batch_size=120"
     with pytest.raises(DPVisionError, match=message):
         run_training(_config(data, batch_size=1000), quiet=True)
 

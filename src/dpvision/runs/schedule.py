@@ -18,6 +18,7 @@ from dpvision.data.inputs import TrainingData
 from dpvision.errors import DPVisionError
 from dpvision.features.backbone import encoder_digest
 from dpvision.mechanisms.secret import SecretRandomness
+from dpvision.recipes import deep_schedule
 from dpvision.runs.validation import ValidationRelease
 from dpvision.seeds import public_seeds
 from dpvision.training.options import DPSGDOptions, names_before_rename
@@ -49,11 +50,12 @@ def prepare_schedule(
     """
     options, num_train = config.dpsgd, len(data.train_y)
     if options.batch_size > num_train:
-        # N is public (the result reports it); a power of two near N/4 leaves some steps.
-        suggested = 2 ** max(0, math.floor(math.log2(max(num_train // 4, 1))))
+        # N is public (the result reports it): the dp-sgd recipe's batch for it.
+        suggested = deep_schedule(num_train, config.epsilon)["batch_size"]
         raise DPVisionError(
             f"learner.batch_size {options.batch_size} exceeds the {num_train} training "
-            f"examples; try --set learner.batch_size={suggested}"
+            f"examples; try --set learner.batch_size={suggested} (the dp-sgd recipe's, "
+            "when batch_size is left unset)"
         )
     steps, sample_rate = steps_and_rate(options, num_train)
     released = ValidationRelease.plan(

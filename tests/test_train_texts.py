@@ -97,7 +97,7 @@ def test_dpsgd_run_prints_images_and_values(capsys: pytest.CaptureFixture[str]) 
     out = capsys.readouterr().out
     assert "model mlp-8 on 8×8×1 images" in out
     assert "features pixels" not in out
-    assert "B 64, steps 2, lr 1, C 1, momentum 0.5" in out
+    assert "B 64, steps 2, lr 0.0625, C 0.1, momentum 0.5" in out  # the recipe: 0.5·B/512
 
 
 def test_a_private_validation_accuracy_says_it_is_a_noisy_count() -> None:

@@ -98,16 +98,20 @@ def schedule_for(epsilon: float | None) -> LinearSchedule:
     return min(LINEAR_SCHEDULES, key=lambda s: abs(math.log(s.epsilon / epsilon)))
 
 
-def linear_schedule(num_train: int, epsilon: float | None) -> dict[str, Any]:
+def linear_schedule(
+    num_train: int, epsilon: float | None, batch_size: int | None = None
+) -> dict[str, Any]:
     """The learner options of ``method = "auto"`` for ``num_train`` training examples at
     target ``epsilon`` (``None``: a fixed σ was given): the tuned sample rate (batch at
-    most the tuned batch), the tuned epochs, the learning rate scaled with the batch::
+    most the tuned batch), the tuned epochs, the learning rate scaled with the batch
+    (``batch_size``: the user's, when set)::
 
         >>> linear_schedule(60_000, 3.0)["batch_size"], linear_schedule(1_000, 3.0)["batch_size"]
         (8192, 137)
     """
     tuned = schedule_for(epsilon)
     batch = max(1, min(tuned.batch_size, round(tuned.batch_size * num_train / _REFERENCE_N)))
+    batch = batch_size or batch  # the user's batch: the learning rate follows it
     return {
         **_LINEAR_FIXED,
         "batch_size": batch,
@@ -139,6 +143,7 @@ def deep_schedule(
     epsilon: float | None,
     optimizer: str | None = None,
     finetune: str | None = None,
+    batch_size: int | None = None,
 ) -> dict[str, Any]:
     """The learner options of ``dp-sgd`` for ``num_train`` training examples at target
     ``epsilon``, for any model (dpvision's, timm, torchvision, ``python:``): Tramèr &
@@ -146,12 +151,13 @@ def deep_schedule(
     512 examples of batch), the batch half the set up to 1024, and the epochs of the
     linear recipe at that ε (:func:`schedule_for`). ``optimizer``: the user's, when set
     (Adam keeps its own learning rate, :data:`ADAM_LEARNING_RATE`, and has no momentum);
-    ``finetune = "head"`` (SGD): :data:`HEAD_LEARNING_RATE_FACTOR` × the learning rate::
+    ``finetune = "head"`` (SGD): :data:`HEAD_LEARNING_RATE_FACTOR` × the learning rate;
+    ``batch_size``: the user's, when set, which the learning rate then follows::
 
         >>> deep_schedule(240, 3.0)["batch_size"], deep_schedule(50_000, 3.0)["batch_size"]
         (120, 1024)
     """
-    batch = max(1, min(DEEP_MAX_BATCH, round(num_train / 2)))
+    batch = batch_size or max(1, min(DEEP_MAX_BATCH, round(num_train / 2)))
     options = {
         **DEEP_FIXED,
         "batch_size": batch,

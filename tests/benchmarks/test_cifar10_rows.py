@@ -158,7 +158,10 @@ def test_a_reason_replaces_unexplained(tmp_path: Path, monkeypatch) -> None:
     assert "unexplained" not in text
 
 
-def test_a_projection_times_k_and_2k_steps_of_each_command(tmp_path: Path) -> None:
+def test_a_projection_times_k_and_2k_steps_of_each_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cifar10, "RESULTS", tmp_path / "cifar10.json")  # not the page's store
     row = _row(
         key="digits-pretrain-and-train",
         commands=(

@@ -169,3 +169,13 @@ def test_the_audits_dp_sgd_defaults_leave_nothing_to_the_recipe():
     assert _deep_unset(config.learner) == []
     _, recipe = apply_recipe(config)
     assert recipe["set"] == {}
+
+
+def test_the_learning_rate_follows_the_batch_the_user_set():
+    """CI of issue 52: with B 64 set, dp-sgd's recipe scaled lr by its own B = N/2 (lr 0.70
+    at N = 1438 instead of 0.0625); the linear recipe did the same with its tuned batch."""
+    _, deep = apply_recipe(resolve(sets=['method="dp-sgd"', "learner.batch_size=64"]))
+    assert deep["set"]["learner.learning_rate"] == 0.5 * 64 / 512
+    _, linear = apply_recipe(resolve(sets=["learner.batch_size=64", "learner.steps=2"]))
+    assert linear["set"]["learner.learning_rate"] == schedule_for(3.0).learning_rate_per_512 / 8
+    assert "learner.epochs" not in linear["set"]  # steps override epochs: not both

@@ -65,8 +65,11 @@ def apply_recipe(
         if config.method == AUTO:
             schedule = {
                 key: value
-                for key, value in linear_schedule(num_train, config.epsilon).items()
+                for key, value in linear_schedule(
+                    num_train, config.epsilon, config.learner.get("batch_size")
+                ).items()
                 if key not in config.learner
+                and not (key == "epochs" and "steps" in config.learner)  # steps override it
             }
             chosen["method"] = RECIPE_METHOD
             chosen.update({f"learner.{key}": value for key, value in schedule.items()})
@@ -94,6 +97,7 @@ def apply_recipe(
                 config.epsilon,
                 config.learner.get("optimizer"),
                 config.learner.get("finetune"),
+                config.learner.get("batch_size"),
             )
             schedule = {key: options[key] for key in _deep_unset(config.learner) if key in options}
             chosen.update({f"learner.{key}": value for key, value in schedule.items()})

@@ -406,7 +406,8 @@ ROWS: tuple[Row, ...] = (
         seeds=1,
         steps=1440,
         note="one seed: 1440 steps of per-example gradients of a 551K-parameter CNN at "
-        "B 1024, timed at 2.7 s a step on 2 cores (`--project`), about 65 min",
+        "B 1024, timed at 2.7 s a step on 2 cores (`--project`), about 65 min; seed 0 ran "
+        "held to one thread beside other work (2.0 h)",
     ),
     *_feature_rows(),
     *_ablation_rows(),

@@ -32,13 +32,14 @@ def test_mlp_names_parse():
 
 
 def test_dp_sgd_trains_an_mlp_on_digits():
-    """The 8×8 digits had no dp-sgd model before mlp-H."""
+    """The 8×8 digits had no dp-sgd model before mlp-H. The schedule is the dp-sgd recipe's
+    (B 719, 40 epochs, lr 0.70, C 0.1, momentum 0.9): measured 84.68 %. (5 epochs at B 128
+    under the recipe's lr 0.125 reach 49 %: a short schedule needs its own lr.)"""
     config = resolve(
         None,
         {"method": "dp-sgd", "epsilon": 4.0},
-        ["learner.model='mlp-32'", "learner.batch_size=128", "learner.epochs=5",
-         "learner.normalization='none'"],
-    )  # fmt: skip
+        ["learner.model='mlp-32'", "learner.normalization='none'"],
+    )
     result = run_training(config, quiet=True)
     assert result["epsilon"] <= 4.0
     assert result["test_accuracy"] > 0.5

@@ -265,6 +265,20 @@ def _ablation_rows() -> list[Row]:
             )
         )
         previous = (key, published)
+    rows.append(
+        Row(
+            key="t3-ablation-nonprivate",
+            paper=T3,
+            table="(none: the CPU-sized setting's ceiling)",
+            what="the last step's recipe, no noise (still clipped)",
+            epsilon=float("inf"),
+            published=None,
+            commands=((*command[:8], "inf", *command[9:]),),
+            level=False,
+            note="what WRN-10-1 reaches in this 1-epoch schedule without noise: the level "
+            "the private rows can approach, against the paper's WRN-40-4",
+        )
+    )
     return rows
 
 
@@ -317,6 +331,21 @@ def _randp_rows() -> list[Row]:
                 "105 000 images; this one a WRN-10-1 for 1000 steps on 20 000, about 20 min here",
             )
         )
+        if epsilon == 3.0:  # the encoder's own ceiling: the same probe without noise
+            rows.append(
+                Row(
+                    "t2-probe-nonprivate",
+                    T2,
+                    "Table 4 (non-private)",
+                    "the same linear probe, no noise (still clipped)",
+                    float("inf"),
+                    0.7405,
+                    (RANDP_PRETRAIN, (*probe_command, "--epsilon", "inf")),
+                    level=False,
+                    note="the paper's 74.05 is its WRN-16-4 encoder's ceiling; this row is the "
+                    "ceiling of the CPU-sized encoder under the private probes",
+                )
+            )
         scratch = {1.0: 0.568, 3.0: 0.692}[epsilon]  # De et al.'s WRN-16-4, seed 002's Table 1
         for name, method, extra, published in (
             ("scratch", "dp-sgd", {"normalization": "dataset"}, scratch),

@@ -161,11 +161,13 @@ def test_a_reason_replaces_unexplained(tmp_path: Path, monkeypatch) -> None:
 def test_a_reason_fills_in_the_measurements_it_rests_on(tmp_path: Path, monkeypatch) -> None:
     """A CPU-sized row (no level to reach) shows its reason too, with the median of the
     row the reason names, or says that row has not run."""
-    monkeypatch.setitem(cifar10_page.WHY, "small", "its ceiling is {ceiling}, not {other}")
+    monkeypatch.setitem(
+        cifar10_page.WHY, "small", "its ceiling is {ceiling} ({range:ceiling}), not {other}"
+    )
     rows = [_row(key="small", published=0.7, level=False), _row(key="ceiling", published=None)]
     runs = [_run("small", 0.4), _run("ceiling", 0.45, seed=0), _run("ceiling", 0.47, seed=1)]
     text = _page(tmp_path, rows, runs)
-    assert "its ceiling is 46.00, not (`other`: not run yet)" in text
+    assert "its ceiling is 46.00 (45.00–47.00), not (`other`: not run yet)" in text
 
 
 def test_a_projection_times_k_and_2k_steps_of_each_command(

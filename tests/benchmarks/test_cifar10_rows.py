@@ -200,6 +200,9 @@ def test_a_projection_times_k_and_2k_steps_of_each_command(
     assert [part["steps"] for part in projection["parts"]] == [1000, 500]
     assert projection["projected_seconds"] > 0
     assert projection["device"] == "cpu"
+    # The timed runs' short encoder is kept apart: the row itself would skip a made file.
+    assert not (tmp_path / "encoder.pt").exists()
+    assert (tmp_path / "projection" / "encoder.pt").exists()
     log = (tmp_path / "p.log").read_text()
     assert "--steps 1" in log
     assert "learner.steps=2" in log

@@ -628,7 +628,7 @@ def _timed(argv: list[str], steps_flag: list[str], k: int, work: Path) -> tuple[
             raise SystemExit(f"exit {code} timing {argv[0]}; see {work}/p.log")
         loops.append(float(json.loads(out.read_text()).get("train_seconds", seconds)))
         walls.append(seconds)
-    per_step = max(loops[1] - loops[0], 0.0) / k
+    per_step = max(loops[1] - loops[0], 0.0) / k  # 0: not resolved, the page says so
     return per_step, max(walls[0] - loops[0], 0.0)
 
 

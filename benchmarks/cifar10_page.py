@@ -107,9 +107,18 @@ def _projection(p: dict[str, Any]) -> str:
         if scaled
         else ""
     )
+    unresolved = [q["command"] for q in p["parts"] if q["seconds_per_step"] <= 0]
+    bound = (
+        f"; a lower bound: the {', '.join(unresolved)} part's two timed runs did not separate "
+        "(the longer one's loop was not slower, other work sharing the cores), so its steps "
+        "count as free"
+        if unresolved
+        else ""
+    )
     return (
-        f"projected {_duration(p['projected_seconds'])} on {p['device']} ({p['machine']}; from "
-        f"{p['timed_steps'][0]} and {p['timed_steps'][1]} timed steps{how})"
+        f"projected {'at least ' if unresolved else ''}{_duration(p['projected_seconds'])} on "
+        f"{p['device']} ({p['machine']}; from {p['timed_steps'][0]} and {p['timed_steps'][1]} "
+        f"timed steps{how}{bound})"
     )
 
 

@@ -151,6 +151,24 @@ def test_the_page_says_where_each_row_stands_against_the_paper(tmp_path: Path) -
     assert "the copy" in text
 
 
+def test_a_projection_whose_steps_did_not_separate_is_a_lower_bound() -> None:
+    projection = {
+        "projected_seconds": 8.0e6,
+        "device": "cpu",
+        "machine": "x86_64, 2 cores",
+        "timed_steps": [2, 4],
+        "parts": [
+            {"command": "pretrain", "seconds_per_step": 97.7, "steps": 82031},
+            {"command": "train", "seconds_per_step": 0.0, "steps": 875},
+        ],
+    }
+    text = cifar10_page._projection(projection)
+    assert text.startswith("projected at least 93 days on cpu")
+    assert "a lower bound: the train part's two timed runs did not separate" in text
+    projection["parts"].pop()
+    assert "lower bound" not in cifar10_page._projection(projection)
+
+
 def test_a_reason_replaces_unexplained(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setitem(cifar10_page.WHY, "far", "the non-private run is 5 points lower too")
     text = _page(tmp_path, [_row(key="far", published=0.7)], [_run("far", 0.6)])

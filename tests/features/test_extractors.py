@@ -111,12 +111,18 @@ def test_scatter_is_the_same_in_chunks(monkeypatch):
     torch.testing.assert_close(scatter(images), whole, rtol=0, atol=0)
 
 
+def test_scatter_of_no_images_has_the_shape_of_many():
+    assert scatter(torch.rand(0, 3, 32, 32)).shape == (0, 243, 8, 8)
+    assert scatter(torch.rand(0, 1, 28, 28), max_order=1).shape == (0, 17, 7, 7)
+
+
 def test_low_pass_is_one_separable_product():
     """φ's kernel is rank one, so each S is one pair of small products (the speed-up)."""
     plan = scatternet_module._plan(32, 32, 2, 8, 2, "cpu")
     assert [len(pairs) for pairs in plan.low] == [1, 1]
     rows, cols_t = plan.low[0][0]
-    assert rows.shape == (8, 40) and cols_t.shape == (40, 8)  # 10 kept rows less the unpadding
+    assert rows.shape == (8, 40)
+    assert cols_t.shape == (40, 8)
 
 
 def test_scatternet_normalisation_matters_for_rgb_only():

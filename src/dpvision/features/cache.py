@@ -10,9 +10,9 @@ An entry holds the train and test features of one dataset under one
 The digest is the SHA-256 of the key: the dataset's name, a fingerprint of its images (the
 SHA-256 of their shapes and bytes), every field of the spec, :data:`FEATURE_VERSION`, for
 ScatterNet the kymatio version (its filter bank) and the transform's
-(:data:`~dpvision.features.scatternet.TRANSFORM`) and, for ``encoder`` features, the SHA-256 of the encoder
-file's bytes (a re-trained encoder is a new entry). Any change to one of them is a different
-entry.
+(:data:`~dpvision.features.scatternet.TRANSFORM`) and, for ``encoder`` features, the SHA-256
+of the encoder file's bytes (a re-trained encoder is a new entry). Any change to one of them
+is a different entry.
 
 Every file is written to a temporary file in the same folder, flushed, ``fsync``-ed and
 renamed into place with ``os.replace``; the JSON, which marks the entry complete, is renamed
@@ -119,9 +119,9 @@ def cache_key(dataset: ImageDataset, spec: FeatureSpec) -> dict[str, Any]:
 
     Returns:
         A dict with the dataset name and fingerprint, the spec's fields, the feature version,
-        (for ScatterNet) the kymatio version and the transform's, (for ``encoder``) the encoder file's SHA-256 and
-        (for images brought to one size as they were loaded) the geometry
-        (:mod:`dpvision.data.resize`).
+        (for ScatterNet) the kymatio version and the transform's, (for ``encoder``) the
+        encoder file's SHA-256 and (for images brought to one size as they were loaded) the
+        geometry (:mod:`dpvision.data.resize`).
 
     Raises:
         DPVisionError: An ``encoder`` spec's file does not exist.

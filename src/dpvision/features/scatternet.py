@@ -299,6 +299,13 @@ def scatter(
         mean = torch.tensor(IMAGENET_MEAN, dtype=images.dtype, device=images.device)
         std = torch.tensor(IMAGENET_STD, dtype=images.dtype, device=images.device)
         images = (images - mean.view(1, 3, 1, 1)) / std.view(1, 3, 1, 1)
+    if count == 0:  # FFTs refuse empty batches
+        rows, cols_t = plan.low[0][0]
+        shape = (
+            0,
+            scattering_channels(channels, scales=scales, angles=angles, max_order=max_order),
+        )
+        return images.new_empty((*shape, rows.shape[0], cols_t.shape[1]))
     flat = images.reshape(count * channels, height, width).float()
     with exact_arithmetic(images.device):  # the low-pass products: not TF32, bf16, autocast
         maps = torch.cat(

@@ -8,8 +8,8 @@ then kymatio's order within a channel (``S0``, the ``S1`` paths, the ``S2`` path
 
 The filters, the padding and the output are kymatio's ``Scattering2D`` (its Morlet filter
 bank and padded size are used as they are); the transform itself is computed here, equal
-to kymatio's to float32 rounding (tested), and about three times faster on a CPU
-(``benchmarks/scatternet_speed.py``). The notation follows kymatio's core:
+to kymatio's to float32 rounding (tested), and faster (measured against kymatio's in one
+run by ``benchmarks/scatternet_speed.py``). The notation follows kymatio's core:
 
 - the padded image ``x`` and its spectrum ``X = F x``;
 - first order ``U1 = |F⁻¹ P_{2^j1}(X · ψ̂_{j1,θ1})|`` at resolution ``j1``;

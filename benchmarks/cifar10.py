@@ -265,6 +265,20 @@ def _ablation_rows() -> list[Row]:
             )
         )
         previous = (key, published)
+    rows.append(
+        Row(
+            key="t3-ablation-nonprivate",
+            paper=T3,
+            table="(none: the CPU-sized setting's ceiling)",
+            what="the last step's recipe, no noise (still clipped)",
+            epsilon=float("inf"),
+            published=None,
+            commands=((*command[:8], "inf", *command[9:]),),
+            level=False,
+            note="what WRN-10-1 reaches in this 1-epoch schedule without noise: the level "
+            "the private rows can approach, against the paper's WRN-40-4",
+        )
+    )
     return rows
 
 
@@ -317,6 +331,21 @@ def _randp_rows() -> list[Row]:
                 "105 000 images; this one a WRN-10-1 for 1000 steps on 20 000, about 20 min here",
             )
         )
+        if epsilon == 3.0:  # the encoder's own ceiling: the same probe without noise
+            rows.append(
+                Row(
+                    "t2-probe-nonprivate",
+                    T2,
+                    "Table 4 (non-private)",
+                    "the same linear probe, no noise (still clipped)",
+                    float("inf"),
+                    0.7405,
+                    (RANDP_PRETRAIN, (*probe_command, "--epsilon", "inf")),
+                    level=False,
+                    note="the paper's 74.05 is its WRN-16-4 encoder's ceiling; this row is the "
+                    "ceiling of the CPU-sized encoder under the private probes",
+                )
+            )
         scratch = {1.0: 0.568, 3.0: 0.692}[epsilon]  # De et al.'s WRN-16-4, seed 002's Table 1
         for name, method, extra, published in (
             ("scratch", "dp-sgd", {"normalization": "dataset"}, scratch),
@@ -583,15 +612,24 @@ def run_row(
 
 
 def _timed(argv: list[str], steps_flag: list[str], k: int, work: Path) -> tuple[float, float]:
-    """Runs ``argv`` with k and with 2k steps; returns (seconds per step, fixed seconds)."""
-    times = []
+    """Runs ``argv`` with k and with 2k steps; returns (seconds per step, fixed seconds).
+
+    The step time is the difference of the two runs' loop times over k, each as the run's
+    JSON reports it (``train_seconds``: the steps alone, without loading the data or
+    generating Phase I's images, whose time varies from run to run by more than a few
+    steps take); the fixed time is the first run's wall time outside its loop."""
+    loops, walls = [], []
     for steps in (k, 2 * k):
-        code, seconds, _ = _run(argv + [f.format(steps=steps) for f in steps_flag], work / "p.log")
+        out = work / "p.json"
+        out.unlink(missing_ok=True)
+        timed = argv + [f.format(steps=steps) for f in steps_flag] + ["--json", str(out)]
+        code, seconds, _ = _run(timed, work / "p.log")
         if code != 0:
             raise SystemExit(f"exit {code} timing {argv[0]}; see {work}/p.log")
-        times.append(seconds)
-    per_step = max(times[1] - times[0], 0.0) / k
-    return per_step, max(times[0] - k * per_step, 0.0)
+        loops.append(float(json.loads(out.read_text()).get("train_seconds", seconds)))
+        walls.append(seconds)
+    per_step = max(loops[1] - loops[0], 0.0) / k
+    return per_step, max(walls[0] - loops[0], 0.0)
 
 
 def _views_per_step(argv: list[str]) -> int:
@@ -610,8 +648,10 @@ def project_row(
 ) -> None:
     """Times each of the row's commands at k and 2k steps and projects the whole row: per
     command, the fixed cost plus its steps times the time of one step (the difference of the
-    two runs over k). A Phase I pre-training is timed the same way (``--steps``); the train
-    command with ``learner.steps`` and the row's ``project_sets``.
+    two runs' loop times over k, see :func:`_timed`). A Phase I pre-training is timed the
+    same way (``--steps``); the train command with ``learner.steps`` and the row's
+    ``project_sets``. The timed runs write into ``WORK/projection``, so that their short
+    encoder never stands in for the row's own.
 
     ``batch``: time the train command at expected batch ``batch`` and one view per example
     instead (a step of B = 4096, K = 16 takes an hour on 2 cores), and scale its step time
@@ -621,7 +661,9 @@ def project_row(
         raise SystemExit(f"{row.key}: no step count to project from")
     projected, parts = 0.0, []
     for command in row.commands:
-        argv = _fill(command, seed="0", json="", work=str(work))
+        scratch = work / "projection"  # its short encoder must not stand in for the row's
+        scratch.mkdir(parents=True, exist_ok=True)
+        argv = _fill(command, seed="0", json="", work=str(scratch))
         if argv[0] == "pretrain":
             if row.pretrain_steps is None:
                 raise SystemExit(f"{row.key}: no pre-training step count to project from")
@@ -635,7 +677,7 @@ def project_row(
                 items += [f"learner.batch_size={batch}", "learner.augmult=0"]
                 items += [f"learner.physical_batch_size={batch}"]
             sets = [x for item in items for x in ("--set", item)]
-            argv += [*sets, "--json", str(work / "p.json")]
+            argv += sets
             per_step, fixed = _timed(argv, ["--set", "learner.steps={steps}"], k, work)
             per_step *= scale
             total = row.steps

@@ -158,6 +158,18 @@ def test_a_reason_replaces_unexplained(tmp_path: Path, monkeypatch) -> None:
     assert "unexplained" not in text
 
 
+def test_a_reason_fills_in_the_measurements_it_rests_on(tmp_path: Path, monkeypatch) -> None:
+    """A CPU-sized row (no level to reach) shows its reason too, with the median of the
+    row the reason names, or says that row has not run."""
+    monkeypatch.setitem(
+        cifar10_page.WHY, "small", "its ceiling is {ceiling} ({range:ceiling}), not {other}"
+    )
+    rows = [_row(key="small", published=0.7, level=False), _row(key="ceiling", published=None)]
+    runs = [_run("small", 0.4), _run("ceiling", 0.45, seed=0), _run("ceiling", 0.47, seed=1)]
+    text = _page(tmp_path, rows, runs)
+    assert "its ceiling is 46.00 (45.00–47.00), not (`other`: not run yet)" in text
+
+
 def test_a_projection_times_k_and_2k_steps_of_each_command(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -188,6 +200,9 @@ def test_a_projection_times_k_and_2k_steps_of_each_command(
     assert [part["steps"] for part in projection["parts"]] == [1000, 500]
     assert projection["projected_seconds"] > 0
     assert projection["device"] == "cpu"
+    # The timed runs' short encoder is kept apart: the row itself would skip a made file.
+    assert not (tmp_path / "encoder.pt").exists()
+    assert (tmp_path / "projection" / "encoder.pt").exists()
     log = (tmp_path / "p.log").read_text()
     assert "--steps 1" in log
     assert "learner.steps=2" in log
@@ -206,7 +221,12 @@ def test_the_ablation_adds_one_technique_per_row_in_the_papers_order() -> None:
         return dict(resolve(args.config, run_flags(args), list(args.set)).learner)
 
     rows = [row for row in cifar10.ROWS if row.key.startswith("t3-ablation-")]
+    *rows, ceiling = rows
+    assert ceiling.key == "t3-ablation-nonprivate"
     steps = [learner(row) for row in rows]
+    assert learner(ceiling) == steps[-1]  # the last step's recipe, at ε = ∞
+    command = ceiling.commands[-1]
+    assert command[command.index("--epsilon") + 1] == "inf"
     first = steps[0]
     assert first["model_args"] == {
         "depth": 10,

@@ -81,6 +81,7 @@ def test_pretrain_writes_a_loadable_public_encoder(tmp_path: Path) -> None:
     assert info.metadata["private_data"] is False
     assert info.metadata["trained_on"] == "synthetic:dead-leaves-squares"
     assert summary["losses"][-1]["step"] == SMALL["steps"]
+    assert 0 < summary["train_seconds"] < summary["wall_seconds"]  # the steps, not the images
     # The normalisation is the statistics of the synthetic images themselves (public).
     from dpvision.data.synthetic import generate
 

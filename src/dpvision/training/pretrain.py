@@ -205,6 +205,7 @@ def pretrain(
         return align_uniform_loss(z[: len(batch)], z[len(batch) :])
 
     body.train()
+    looped = time.perf_counter()
     run.train(
         optimizer,
         loss_at,
@@ -216,10 +217,11 @@ def pretrain(
         quiet=quiet,
         note=" (synthetic images: no privacy cost)",
     )
+    train_seconds = time.perf_counter() - looped  # the steps alone, not the image generation
     body.eval()
     metadata = _metadata(options, run.losses, time.perf_counter() - start)
     save_encoder(out, body.cpu(), dataclasses.replace(info, metadata=metadata))
-    return {"encoder": str(out), **metadata}
+    return {"encoder": str(out), **metadata, "train_seconds": train_seconds}
 
 
 def _metadata(

@@ -115,6 +115,7 @@ def test_scatternet_entry_round_trips(monkeypatch, isolated_cache):
     )
     meta = json.loads(next(isolated_cache.glob("*.json")).read_text())
     assert meta["key"]["kymatio"] == "0.3.0"
+    assert meta["key"]["transform"] == "dpvision-1"  # not an entry kymatio's transform made
     assert meta["key"]["spec"]["flatten"] is False
     assert meta["train"]["shape"] == [4, 243, 8, 8]
 

@@ -24,6 +24,8 @@ from dpvision.features import (
     projection_matrix,
     scattering_channels,
 )
+from dpvision.features import scatternet as scatternet_module
+from dpvision.features.scatternet import scatter
 
 GRAY = (28, 28, 1)
 RGB = (32, 32, 3)
@@ -76,6 +78,51 @@ def test_scatternet_equals_kymatio(shape):
     np.testing.assert_allclose(maps, expected, rtol=1e-5, atol=1e-6)
     flat = extract(images, "scatternet")
     np.testing.assert_array_equal(flat, maps.reshape(len(images), -1))
+
+
+@pytest.mark.parametrize(
+    ("height", "width", "scales", "angles", "order"),
+    [
+        (32, 32, 2, 8, 2),  # CIFAR-10
+        (28, 28, 2, 8, 1),
+        (32, 32, 3, 8, 2),  # three scales: second-order paths from two first-order scales
+        (33, 31, 3, 4, 2),  # odd sizes: uneven padding
+        (24, 20, 2, 6, 2),
+        (4, 4, 2, 8, 2),  # kymatio's case of a pad as wide as the image
+        (64, 48, 4, 8, 2),
+    ],
+)
+def test_scatter_equals_kymatio_on_any_configuration(height, width, scales, angles, order):
+    """The transform, for every size, J, L and order, is kymatio's to float32 rounding."""
+    x = torch.from_numpy(np.random.default_rng(5).random((3, 1, height, width), np.float32))
+    transform = ScatteringTorch2D(J=scales, shape=(height, width), L=angles, max_order=order)
+    with torch.no_grad():
+        expected = transform(x).flatten(1, 2)
+    got = scatter(x, scales=scales, angles=angles, max_order=order)
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_scatter_is_the_same_in_chunks(monkeypatch):
+    """Transforming a batch in chunks (which bounds memory) changes no value."""
+    images = torch.rand(5, 3, 16, 16, generator=torch.Generator().manual_seed(2))
+    whole = scatter(images)
+    monkeypatch.setattr(scatternet_module, "_CHUNK", 4)  # 15 channel-images: 4 chunks
+    torch.testing.assert_close(scatter(images), whole, rtol=0, atol=0)
+
+
+def test_scatter_of_no_images_has_the_shape_of_many():
+    assert scatter(torch.rand(0, 3, 32, 32)).shape == (0, 243, 8, 8)
+    assert scatter(torch.rand(0, 1, 28, 28), max_order=1).shape == (0, 17, 7, 7)
+
+
+def test_low_pass_is_one_separable_product():
+    """φ's kernel is rank one, so each S is one pair of small products (the speed-up)."""
+    plan = scatternet_module._plan(32, 32, 2, 8, 2, "cpu")
+    assert [len(pairs) for pairs in plan.low] == [1, 1]
+    rows, cols_t = plan.low[0][0]
+    assert rows.shape == (8, 40)
+    assert cols_t.shape == (40, 8)
 
 
 def test_scatternet_normalisation_matters_for_rgb_only():

@@ -158,10 +158,13 @@ def test_feature_learners_on_cuda_agree_with_the_cpu_with_the_noise_off(tmp_path
 
 
 @gpu
-def test_scatternet_features_on_cuda_match_the_cpu():
+@pytest.mark.parametrize("shape", [(28, 28, 1), (32, 32, 3)])
+def test_scatternet_features_on_cuda_match_the_cpu(shape, tf32):
+    """dpvision's transform on CUDA is the CPU's, with TF32 allowed around it or not (its
+    low-pass products run in IEEE float32 whatever the user's flags)."""
     from dpvision.features import extract_features, parse_feature_spec
 
-    images = np.random.default_rng(0).integers(0, 256, (16, 28, 28, 1), dtype=np.uint8)
+    images = np.random.default_rng(0).integers(0, 256, (16, *shape), dtype=np.uint8)
     spec = parse_feature_spec("scatternet")
     on_cpu = extract_features(images, spec, progress=False, device="cpu")
     on_gpu = extract_features(images, spec, progress=False, device="cuda")

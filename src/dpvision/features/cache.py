@@ -9,9 +9,10 @@ An entry holds the train and test features of one dataset under one
 
 The digest is the SHA-256 of the key: the dataset's name, a fingerprint of its images (the
 SHA-256 of their shapes and bytes), every field of the spec, :data:`FEATURE_VERSION`, for
-ScatterNet the kymatio version and, for ``encoder`` features, the SHA-256 of the encoder
-file's bytes (a re-trained encoder is a new entry). Any change to one of them is a different
-entry.
+ScatterNet the kymatio version (its filter bank) and the transform's
+(:data:`~dpvision.features.scatternet.TRANSFORM`) and, for ``encoder`` features, the SHA-256
+of the encoder file's bytes (a re-trained encoder is a new entry). Any change to one of them
+is a different entry.
 
 Every file is written to a temporary file in the same folder, flushed, ``fsync``-ed and
 renamed into place with ``os.replace``; the JSON, which marks the entry complete, is renamed
@@ -59,6 +60,7 @@ from dpvision.features.cache_files import (
     write_entry,
 )
 from dpvision.features.extractors import FEATURE_VERSION, feature_shape
+from dpvision.features.scatternet import TRANSFORM
 from dpvision.features.spec import ENCODER_ONLY, NETWORK_FEATURES, FeatureSpec
 
 __all__ = [
@@ -117,9 +119,9 @@ def cache_key(dataset: ImageDataset, spec: FeatureSpec) -> dict[str, Any]:
 
     Returns:
         A dict with the dataset name and fingerprint, the spec's fields, the feature version,
-        (for ScatterNet) the kymatio version, (for ``encoder``) the encoder file's SHA-256 and
-        (for images brought to one size as they were loaded) the geometry
-        (:mod:`dpvision.data.resize`).
+        (for ScatterNet) the kymatio version and the transform's, (for ``encoder``) the
+        encoder file's SHA-256 and (for images brought to one size as they were loaded) the
+        geometry (:mod:`dpvision.data.resize`).
 
     Raises:
         DPVisionError: An ``encoder`` spec's file does not exist.
@@ -138,6 +140,8 @@ def cache_key(dataset: ImageDataset, spec: FeatureSpec) -> dict[str, Any]:
         "spec": fields,
         "kymatio": _kymatio_version() if spec.name == "scatternet" else None,
     }
+    if spec.name == "scatternet":  # kymatio's transform made the entries keyed without it
+        key["transform"] = TRANSFORM
     source = feature_source(spec) if spec.name in NETWORK_FEATURES else None
     if source is not None:
         key["encoder_sha256"] = encoder_digest(source)

@@ -15,10 +15,11 @@ import numpy as np
 import torch
 
 from dpvision.averaging import ParameterEMA
+from dpvision.data.rows import gather, row_chunks, rows_per_chunk
 from dpvision.errors import DPVisionError
 from dpvision.learners.base import DPLinearClassifier, PrivateFit
 from dpvision.learners.memory import NORMAL_WORK, Footprint
-from dpvision.learners.statistics import DEFAULT_CHUNK_SIZE, on_device, read_rows
+from dpvision.learners.statistics import DEFAULT_CHUNK_SIZE, on_device
 from dpvision.mechanisms import PoissonSampler, SecureRandom, clipping
 from dpvision.mechanisms.clip_policy import ClipPolicy, adaptive_options, make_clip_policy
 from dpvision.mechanisms.clipped_sum import ClippedGradientSum
@@ -86,19 +87,57 @@ def clipped_gradient_sum(
     return grad_w, grad_b, norms
 
 
+BLOCK_BYTES = 2**24
+"""Bytes of float64 rows a step works on at a time: a block is read, scored, clipped and
+summed while it is in cache, so no batch-sized copy of the rows is made."""
+
+
 def row_sq_norms(features: np.ndarray, chunk_size: int = DEFAULT_CHUNK_SIZE) -> torch.Tensor:
-    """‖xᵢ‖² of every row, in float64, one chunk at a time (non-finite rows give inf/nan)."""
+    """‖xᵢ‖² of every row of the stored values, in float64, one chunk at a time
+    (non-finite rows give inf/nan)."""
     out = torch.empty(len(features), dtype=torch.float64)
-    for start in range(0, len(features), chunk_size):
-        chunk = read_rows(features, slice(start, start + chunk_size)).cpu().numpy()
-        out[start : start + len(chunk)] = torch.from_numpy(np.einsum("ij,ij->i", chunk, chunk))
+    done = 0
+    per_chunk = min(chunk_size, rows_per_chunk(features, BLOCK_BYTES * 4))
+    for chunk in row_chunks(features, per_chunk, np.float64):
+        out[done : done + len(chunk)] = torch.from_numpy(np.einsum("ij,ij->i", chunk, chunk))
+        done += len(chunk)
     return out
 
 
-def _rows(features: np.ndarray, index: np.ndarray) -> torch.Tensor:
-    # float64 throughout: in float32 the clipped contribution of one example was measured
-    # to exceed C by 4e-6 (relative), which would break the stated sensitivity.
-    return read_rows(features, index)
+def stored_dtype(features: np.ndarray) -> tuple[np.dtype, torch.dtype]:
+    """The dtype a step reads ``features`` in, and scores them in: float32 for float32 (or
+    narrower) features, float64 otherwise. Both hold the stored values exactly."""
+    if np.dtype(features.dtype).itemsize <= 4 and np.dtype(features.dtype).kind == "f":
+        return np.dtype(np.float32), torch.float32
+    return np.dtype(np.float64), torch.float64
+
+
+class StepBlocks:
+    """The buffers a step's blocks of rows are read into, made once per fit and reused by
+    every block of every step (no batch-sized copy, no allocation per block).
+
+    ``rows``: the stored rows of a block (as read, on the CPU); ``exact``: the same rows in
+    float64 on the fit's device, for the exact clipped sum.
+    """
+
+    def __init__(self, features: np.ndarray, chunk_size: int) -> None:
+        self.np_dtype, self.score_dtype = stored_dtype(features)
+        self.size = max(1, min(chunk_size, rows_per_chunk(features, BLOCK_BYTES)))
+        width = int(np.prod(features.shape[1:], dtype=np.int64))
+        self.rows = np.empty((self.size, width), dtype=self.np_dtype)
+        self.exact = on_device(torch.empty((self.size, width), dtype=torch.float64))
+
+    def read(self, features: np.ndarray, index: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows ``index`` (at most ``size``) of ``features``: (as stored, in float64)."""
+        count = len(index)
+        if features.dtype == self.np_dtype and features.flags.writeable:  # in memory
+            np.take(features, index, axis=0, out=self.rows[:count], mode="clip")
+        else:  # a memory map (its pages let go), or another dtype
+            self.rows[:count] = gather(features, index, self.np_dtype)
+        stored = on_device(torch.from_numpy(self.rows[:count]))
+        exact = self.exact[:count]
+        exact.copy_(stored)
+        return stored, exact
 
 
 class DPSGDLinear(DPLinearClassifier):
@@ -284,7 +323,8 @@ class DPSGDLinear(DPLinearClassifier):
             m=m,
             n=n,
             matrices=0.0,
-            extra_bytes=8.0 * (3 * min(n, self.chunk_size) * d + 6 * m * d),
+            extra_bytes=3.0 * min(n, self.chunk_size, max(1, BLOCK_BYTES // (8 * d))) * 8 * d
+            + 8.0 * (n + 6 * m * d),
             work=steps * self._step_work(q * n, d, m),
             solves=f"{steps} noisy steps",
         )
@@ -324,10 +364,11 @@ class DPSGDLinear(DPLinearClassifier):
         context = ReleaseContext(fit.ledger, fit.generator, fit.workers, ema)
         sampler = self._sampler(n, q, steps, fit.generator, self.sampling_state)
         sq_norms = row_sq_norms(features, self.chunk_size)
+        blocks = StepBlocks(features, self.chunk_size)
         policy = self._policy(release.expected_batch_size)
         for batch in sampler:
             batch = fit.workers.split(batch)  # this rank's share; the sums are all-reduced
-            clipped = self._clipped_sum(features, labels, batch, head, sq_norms, policy)
+            clipped = self._clipped_sum(features, labels, batch, head, sq_norms, policy, blocks)
             policy.observe(clipped.norms)  # private; only the adaptive count's release uses it
             noisy_step(
                 clipped,
@@ -378,23 +419,33 @@ class DPSGDLinear(DPLinearClassifier):
         head: "_Head",
         sq_norms: torch.Tensor,
         policy: ClipPolicy,
+        blocks: StepBlocks,
     ) -> ClippedGradientSum:
-        """Σ_{i∈batch} clip(gᵢ) of the head, one chunk of rows at a time.
+        """Σ_{i∈batch} clip(gᵢ) of the head, one block of rows at a time.
+
+        Each block of rows is read as stored into ``blocks`` (float32 features stay
+        float32), scored in that precision (the scores only shape eᵢ, whose own norm is
+        what is clipped), and its clipped sum Σ cᵢeᵢ[xᵢ; 1]ᵀ is taken in float64 from the
+        exact stored values, with ‖xᵢ‖² from :func:`row_sq_norms` of the same values.
 
         Privacy:
           Releases nothing; the sum (weights and bias together, flattened as ``theta``) has
-          the policy's L2 sensitivity C under add/remove-one (float64 throughout).
+          the policy's L2 sensitivity C under add/remove-one: each example's clip factor and
+          its term of the sum are computed in float64 from its stored row.
         """
         weight, bias = head.weight.detach(), head.bias.detach()
+        score_weight = weight.to(blocks.score_dtype).T
+        score_bias = bias.to(blocks.score_dtype)
         grad_w, grad_b = torch.zeros_like(weight), torch.zeros_like(bias)
         norms = []
-        for start in range(0, len(batch), self.chunk_size):
-            index = batch[start : start + self.chunk_size]
-            x = _rows(features, index)
+        for start in range(0, len(batch), blocks.size):
+            index = batch[start : start + blocks.size]
+            stored, exact = blocks.read(features, index)
             y = on_device(torch.from_numpy(np.asarray(labels[index], dtype=np.int64)))
-            errors = loss_gradient(torch.addmm(bias, x, weight.T), y, self.loss)
+            scores = torch.addmm(score_bias, stored, score_weight)
+            errors = loss_gradient(scores, y, self.loss).to(torch.float64)
             gw, gb, chunk_norms = clipped_gradient_sum(
-                x,
+                exact,
                 errors,
                 policy.max_grad_norm,
                 fit_intercept=self.fit_intercept,

@@ -11,6 +11,7 @@ import numpy as np
 from dpvision.accounting import PrivacyLedger, default_accountant, zcdp_epsilon
 from dpvision.accounting.gaussian import is_unsampled_gaussian
 from dpvision.config import TrainConfig
+from dpvision.data.rows import Rows
 from dpvision.data.splits import training_rows
 from dpvision.distributed import current
 from dpvision.errors import DPVisionError
@@ -151,7 +152,8 @@ def _held_out(
     also_public: Any,
 ) -> tuple[Any, np.ndarray, Any, np.ndarray]:
     """(training features, their labels, the held-out then test features, the held-out
-    labels): each training row's side (public, validation, training) from its own keyed
+    labels), the features as :class:`~dpvision.data.rows.Rows` views where they are parts
+    of the cached arrays: each training row's side (public, validation, training) from its own keyed
     hash under ``secret``'s split key, after binding ``secret`` to the rows.
 
     Privacy:
@@ -174,12 +176,13 @@ def _held_out(
         also_public=also_public,
     )
     rows, kept = split.train, split.validation
+    # Views, read once by the preprocessing into the one array each becomes (no copies).
     if len(kept):
         # The held-out rows go through the same (released) preprocessing as the test set.
         validation_labels = train_labels[kept]
-        test = np.concatenate([np.asarray(train[kept]), np.asarray(test)])
+        test = Rows.of(train, kept) + Rows.of(test)
     if len(rows) < len(train_labels):
-        train, train_labels = np.asarray(train[rows]), train_labels[rows]
+        train, train_labels = Rows.of(train, rows), train_labels[rows]
     return train, train_labels, test, validation_labels
 
 
@@ -265,9 +268,9 @@ class FittedLearner(NamedTuple):
 
 def fit_learner(
     config: TrainConfig,
-    train: np.ndarray,
+    train: "np.ndarray | Rows",
     train_labels: np.ndarray,
-    test: np.ndarray,
+    test: "np.ndarray | Rows",
     channels: int,
     num_classes: int,
     *,

@@ -1,6 +1,7 @@
-"""DP-SGD-linear's step reads its batch a block at a time, as stored (float32 stays float32),
-scores it in that precision and sums the clipped terms in float64: one example still moves
-the release by at most C, wherever it sits and however the blocks fall."""
+"""DP-SGD-linear's step reads its batch a block at a time into reused buffers, as stored
+(float32 stays float32 in memory), and does its arithmetic in float64: one example still
+moves the release by at most C, wherever it sits and however the blocks fall, and the other
+examples' terms do not move at all."""
 
 import numpy as np
 import pytest
@@ -54,7 +55,7 @@ def test_one_enormous_float32_example_moves_the_release_by_at_most_c(
     assert 0.4 * clip <= change <= clip * (1 + 1e-12)
 
 
-def test_the_step_agrees_with_the_float64_step_off_zero(small_blocks) -> None:
+def test_the_step_is_the_float64_step_of_the_whole_batch(small_blocks) -> None:
     rng = np.random.default_rng(1)
     x = rng.normal(size=(500, 40)).astype(np.float32)
     y = rng.integers(0, 4, 500)
@@ -66,26 +67,51 @@ def test_the_step_agrees_with_the_float64_step_off_zero(small_blocks) -> None:
     policy = make_clip_policy("flat", 0.5, expected_batch_size=211.0)
     learner = DPSGDLinear(noise_multiplier=1.0, clip_norm=0.5, num_classes=4)
     got = learner._clipped_sum(x, y, batch, head, sq, policy, StepBlocks(x, learner.chunk_size))
+    # The step before: the whole batch as one float64 copy, one GEMM each.
     rows = torch.from_numpy(x[batch].astype(np.float64))
-    labels = torch.from_numpy(y[batch])
     weight, bias = head.weight.detach(), head.bias.detach()
-
-    def reference(scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The clipped sum of the whole batch as one float64 copy, errors from ``scores``."""
-        errors = loss_gradient(scores, labels, "softmax").double()
-        grad_w, grad_b, norms = clipped_gradient_sum(
-            rows, errors, 0.5, fit_intercept=True, sq_norms=sq[torch.from_numpy(batch)]
-        )
-        return torch.cat([grad_w.reshape(-1), grad_b]), norms
-
-    # Scores in float32 (the step) or float64 (the step before): the errors, and so the
-    # sums, differ by float32 rounding only.
-    single = rows.float() @ weight.float().T + bias.float()
-    for scores in (single, torch.addmm(bias, rows, weight.T)):
-        expected, norms = reference(scores)
-        assert float((got.grads["theta"] - expected).norm() / expected.norm()) < 1e-6
-        assert torch.allclose(got.norms, norms, rtol=1e-4)  # p − 1 near p = 1 cancels
+    errors = loss_gradient(torch.addmm(bias, rows, weight.T), torch.from_numpy(y[batch]), "softmax")
+    grad_w, grad_b, norms = clipped_gradient_sum(
+        rows, errors, 0.5, fit_intercept=True, sq_norms=sq[torch.from_numpy(batch)]
+    )
+    expected = torch.cat([grad_w.reshape(-1), grad_b])
+    assert torch.allclose(got.grads["theta"], expected, rtol=1e-12, atol=1e-14)
+    assert torch.allclose(got.norms, norms, rtol=1e-12)
     assert got.count == 211
+
+
+def test_a_row_moved_by_one_place_keeps_its_term() -> None:
+    """The privacy review's construction: large float32 rows whose margins sit where
+    softmax's p − 1 jumps by a rounding step, a non-zero head, d = 3 969 (ScatterNet on
+    28×28, not a multiple of 16), and the target inserted first, moving every other row
+    by one place in its block. With float32 scores the shared rows' terms turned and the
+    sum moved by 6.2 C; with float64 scores only the target's own term moves."""
+    d, m, n, clip = 3969, 10, 600, 1.0
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=d) * 1e-6  # the head: class 0's weights, the others 0
+    x = rng.normal(size=(n, d)) * 1e6
+    edges = np.array([15.0261, 15.5369, 16.6355])  # where float32 softmax's p₀ − 1 jumps
+    margin = rng.choice(edges, n) + rng.uniform(-3e-5, 3e-5, n)
+    x = (x + ((margin - x @ w) / (w @ w))[:, None] * w).astype(np.float32)
+    y = np.zeros(n, dtype=np.int64)
+    head = _Head(m, d, 0.0)
+    with torch.no_grad():
+        head.weight[0] = torch.from_numpy(w)
+
+    def clipped(features: np.ndarray, labels: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        learner = DPSGDLinear(noise_multiplier=1.0, clip_norm=clip, num_classes=m)
+        policy = make_clip_policy("flat", clip, expected_batch_size=float(n))
+        blocks = StepBlocks(features, learner.chunk_size)
+        batch = np.arange(len(features))
+        out = learner._clipped_sum(
+            features, labels, batch, head, row_sq_norms(features), policy, blocks
+        )
+        return out.grads["theta"], out.norms
+
+    a, norms_a = clipped(x, y)
+    b, norms_b = clipped(np.insert(x, 0, 0.0, axis=0), np.insert(y, 0, 0))
+    assert torch.equal(norms_a, norms_b[1:])  # every shared row's gradient, bit for bit
+    assert float((b - a).norm()) <= clip * (1 + 1e-9)
 
 
 def test_blocks_are_reused_and_read_a_memory_map(tmp_path, small_blocks) -> None:
@@ -95,11 +121,21 @@ def test_blocks_are_reused_and_read_a_memory_map(tmp_path, small_blocks) -> None
     mapped = np.load(tmp_path / "x.npy", mmap_mode="r")
     blocks = StepBlocks(mapped, chunk_size=16384)
     assert blocks.size == 7
+    assert blocks.rows.dtype == np.float32  # stored rows stay float32 in memory
     index = np.array([3, 50, 99])
-    stored, exact = blocks.read(mapped, index)
-    assert stored.dtype == torch.float32
+    exact = blocks.read(mapped, index)
     assert exact.dtype == torch.float64
-    assert torch.equal(stored, torch.from_numpy(x[index]))
-    assert torch.equal(exact, torch.from_numpy(x[index].astype(np.float64)))
-    again, _ = blocks.read(x, np.array([0, 1]))
-    assert again.data_ptr() == stored.data_ptr()  # the same buffer, no allocation
+    assert exact.shape == (7, 6)  # always the whole block
+    assert exact.stride(0) == 8  # rows 64 bytes apart: every row at the same alignment
+    assert torch.equal(exact[:3], torch.from_numpy(x[index].astype(np.float64)))
+    again = blocks.read(x, np.array([0, 1]))
+    assert again.data_ptr() == exact.data_ptr()  # the same buffer, no allocation
+    assert torch.equal(again[:2], torch.from_numpy(x[:2].astype(np.float64)))
+
+
+def test_a_tensor_of_features_is_read_as_its_rows(blobs) -> None:
+    x, y, _, _ = blobs
+    array = DPSGDLinear(noise_multiplier=0.0, epochs=2, random_state=0, num_classes=3).fit(x, y)
+    tensor = DPSGDLinear(noise_multiplier=0.0, epochs=2, random_state=0, num_classes=3)
+    tensor.fit(torch.from_numpy(x), y)
+    assert np.array_equal(np.asarray(array.coef_), np.asarray(tensor.coef_))

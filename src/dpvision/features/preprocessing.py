@@ -98,7 +98,8 @@ def _read_all(features: Rows, dtype: np.dtype) -> np.ndarray:
         return features.parts[0][0]
     out = np.empty(features.shape, dtype=dtype)
     done = 0
-    for chunk in row_chunks(features, rows_per_chunk(features, CHUNK_BYTES, 4), dtype):
+    per_chunk = rows_per_chunk(features, CHUNK_BYTES, np.dtype(dtype).itemsize)
+    for chunk in row_chunks(features, per_chunk, dtype):
         out[done : done + len(chunk)] = chunk
         done += len(chunk)
     return out

@@ -104,12 +104,11 @@ def row_sq_norms(features: np.ndarray, chunk_size: int = DEFAULT_CHUNK_SIZE) -> 
     return out
 
 
-def stored_dtype(features: np.ndarray) -> tuple[np.dtype, torch.dtype]:
-    """The dtype a step reads ``features`` in, and scores them in: float32 for float32 (or
-    narrower) features, float64 otherwise. Both hold the stored values exactly."""
-    if np.dtype(features.dtype).itemsize <= 4 and np.dtype(features.dtype).kind == "f":
-        return np.dtype(np.float32), torch.float32
-    return np.dtype(np.float64), torch.float64
+def stored_dtype(features: np.ndarray) -> np.dtype:
+    """The dtype a step reads ``features`` in: float32 for float32 (or narrower float)
+    features, float64 otherwise; either holds the stored values exactly."""
+    dtype = np.dtype(features.dtype)
+    return np.dtype(np.float32 if dtype.kind == "f" and dtype.itemsize <= 4 else np.float64)
 
 
 class StepBlocks:
@@ -117,27 +116,34 @@ class StepBlocks:
     every block of every step (no batch-sized copy, no allocation per block).
 
     ``rows``: the stored rows of a block (as read, on the CPU); ``exact``: the same rows in
-    float64 on the fit's device, for the exact clipped sum.
+    float64 on the fit's device, where the step's arithmetic is done. ``exact`` always has
+    ``size`` rows, at a row stride padded to 64 bytes, and every block's scores are one
+    product of all of it: each row is then scored by the same kernel, at the same
+    alignment, wherever it sits in its block and however many rows the block holds, so its
+    scores are the same bits whichever other rows are in the batch (see
+    :meth:`DPSGDLinear._clipped_sum`).
     """
 
     def __init__(self, features: np.ndarray, chunk_size: int) -> None:
-        self.np_dtype, self.score_dtype = stored_dtype(features)
+        self.np_dtype = stored_dtype(features)
         self.size = max(1, min(chunk_size, rows_per_chunk(features, BLOCK_BYTES)))
         width = int(np.prod(features.shape[1:], dtype=np.int64))
         self.rows = np.empty((self.size, width), dtype=self.np_dtype)
-        self.exact = on_device(torch.empty((self.size, width), dtype=torch.float64))
+        padded = -(-width // 8) * 8  # 8 float64 = 64 bytes
+        self.exact = on_device(torch.zeros((self.size, padded), dtype=torch.float64))[:, :width]
 
-    def read(self, features: np.ndarray, index: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rows ``index`` (at most ``size``) of ``features``: (as stored, in float64)."""
+    def read(self, features: np.ndarray, index: np.ndarray) -> torch.Tensor:
+        """Rows ``index`` (at most ``size``) of ``features``, exactly, in float64 on the
+        fit's device: the first ``len(index)`` rows of the returned block of ``size`` rows
+        (a view of ``exact``, valid until the next read; the rows after them are left from
+        earlier blocks)."""
         count = len(index)
         if features.dtype == self.np_dtype and features.flags.writeable:  # in memory
             np.take(features, index, axis=0, out=self.rows[:count], mode="clip")
         else:  # a memory map (its pages let go), or another dtype
             self.rows[:count] = gather(features, index, self.np_dtype)
-        stored = on_device(torch.from_numpy(self.rows[:count]))
-        exact = self.exact[:count]
-        exact.copy_(stored)
-        return stored, exact
+        self.exact[:count].copy_(on_device(torch.from_numpy(self.rows[:count])))
+        return self.exact
 
 
 class DPSGDLinear(DPLinearClassifier):
@@ -348,6 +354,8 @@ class DPSGDLinear(DPLinearClassifier):
     def _fit_private(
         self, features: np.ndarray, labels: np.ndarray, fit: PrivateFit
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(features, torch.Tensor):  # read as NumPy rows (a CPU tensor: no copy)
+            features = features.detach().cpu().numpy()
         n, d = features.shape
         q, steps = self._sample_rate(n), self._steps(n)
         release = GradientRelease(
@@ -423,10 +431,21 @@ class DPSGDLinear(DPLinearClassifier):
     ) -> ClippedGradientSum:
         """Σ_{i∈batch} clip(gᵢ) of the head, one block of rows at a time.
 
-        Each block of rows is read as stored into ``blocks`` (float32 features stay
-        float32), scored in that precision (the scores only shape eᵢ, whose own norm is
-        what is clipped), and its clipped sum Σ cᵢeᵢ[xᵢ; 1]ᵀ is taken in float64 from the
-        exact stored values, with ‖xᵢ‖² from :func:`row_sq_norms` of the same values.
+        Each block of rows is read as stored into ``blocks`` (float32 features stay float32
+        in memory) and widened to float64 there; its scores, eᵢ and clipped sum
+        Σ cᵢeᵢ[xᵢ; 1]ᵀ are taken in float64 from those exact values, with ‖xᵢ‖² from
+        :func:`row_sq_norms` of the same values.
+
+        Each row's scores must not depend on where the row sits: where softmax is within
+        rounding of 1, a last-bit change of a score turns the direction of the clipped eᵢ,
+        so one example inserted before a row, moving it by one place, could move that
+        row's term by up to C. A GEMM's rounding of a row does depend on its place and on
+        the number of rows (its alignment, the kernel's edge rows): a privacy review
+        measured the sum moving by 6.2 C with float32 scores, and float64 scores of one
+        batch-sized product differ in the last bits too. So every block is scored as one
+        product of the fixed-shape buffer of :class:`StepBlocks`, in float64, which gave
+        the same bits for a row at every place and fill tried
+        (``tests/learners/test_step_blocks.py`` keeps the review's construction).
 
         Privacy:
           Releases nothing; the sum (weights and bias together, flattened as ``theta``) has
@@ -434,18 +453,16 @@ class DPSGDLinear(DPLinearClassifier):
           its term of the sum are computed in float64 from its stored row.
         """
         weight, bias = head.weight.detach(), head.bias.detach()
-        score_weight = weight.to(blocks.score_dtype).T
-        score_bias = bias.to(blocks.score_dtype)
         grad_w, grad_b = torch.zeros_like(weight), torch.zeros_like(bias)
         norms = []
         for start in range(0, len(batch), blocks.size):
             index = batch[start : start + blocks.size]
-            stored, exact = blocks.read(features, index)
+            block, count = blocks.read(features, index), len(index)
             y = on_device(torch.from_numpy(np.asarray(labels[index], dtype=np.int64)))
-            scores = torch.addmm(score_bias, stored, score_weight)
-            errors = loss_gradient(scores, y, self.loss).to(torch.float64)
+            scores = torch.addmm(bias, block, weight.T)[:count]  # all `size` rows: see above
+            errors = loss_gradient(scores, y, self.loss)
             gw, gb, chunk_norms = clipped_gradient_sum(
-                exact,
+                block[:count],
                 errors,
                 policy.max_grad_norm,
                 fit_intercept=self.fit_intercept,

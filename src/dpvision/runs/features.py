@@ -21,6 +21,7 @@ from dpvision.features.precomputed import load_feature_files
 from dpvision.features.preprocessing import FittedPreprocessing, preprocess
 from dpvision.features.spec import NETWORK_FEATURES
 from dpvision.learners import LEARNERS
+from dpvision.learners.memory import gigabytes
 from dpvision.log import say
 from dpvision.mechanisms.secret import SecretRandomness
 from dpvision.runs.saved import TrainedModel, privacy_of
@@ -123,13 +124,12 @@ def _features(
         # copies of the weights' public rows are public too
         also_public = weight_rows(config, dataset, source, what=f"the {spec.name} weights")
         # The learner's d×d matrices must fit: refused (or warned of) before the extraction.
-        LEARNERS[config.method](
+        learner = LEARNERS[config.method](
             num_classes=dataset.num_classes, device=str(config.placement.device), **config.learner
-        ).check_resources(
-            dataset.num_train,
-            int(np.prod(feature_shape(tuple(dataset.train_images.shape[1:]), spec))),
-            noisy=not config.noise_off,
         )
+        d = int(np.prod(feature_shape(tuple(dataset.train_images.shape[1:]), spec)))
+        learner.check_resources(dataset.num_train, d, noisy=not config.noise_off)
+        say(_memory_estimate(learner, dataset.num_train, dataset.num_test, d), quiet)
         say(
             f"features {config.features} for {dataset.num_train} + {dataset.num_test} images",
             quiet,
@@ -141,6 +141,21 @@ def _features(
         )
         channels = _channels(config, dataset, spec)
     return dataset, train, test, channels, source, also_public
+
+
+def _memory_estimate(learner: Any, num_train: int, num_test: int, d: int) -> str:
+    """One line: the run's peak memory before it starts, the features (one float32 array
+    for the training rows, one for the held-out and test rows, as the preprocessing makes
+    them) and the learner's own (its :class:`~dpvision.learners.memory.Footprint`).
+
+    Privacy: from the shape (n, d, m), public."""
+    features = 4.0 * d * (num_train + num_test)
+    footprint = learner.footprint(num_train, d)
+    own = footprint.bytes if footprint is not None else 0.0
+    return (
+        f"memory: about {gigabytes(features + own)} at the peak ({gigabytes(features)} of "
+        f"float32 features, {gigabytes(own)} for the learner)"
+    )
 
 
 def _held_out(

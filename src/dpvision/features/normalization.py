@@ -23,7 +23,7 @@ from dpvision.errors import DPVisionError
 from dpvision.mechanisms import clip_rows, release_gaussian
 
 _CHUNK = 8192
-_FIT_CHUNK_BYTES = 2**26  # float64 rows read at a time by the private fits
+_FIT_CHUNK_BYTES = 2**25  # float64 rows read at a time by the private fits
 
 
 def group_normalize(

@@ -39,7 +39,7 @@ class PreprocessingConfig:
 
 PREPROCESSING = ("none", "group-norm", "private-norm", "center")
 
-CHUNK_BYTES = 2**27
+CHUNK_BYTES = 2**25
 """Bytes of float32 rows transformed at a time."""
 
 

@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from provenance import commit
 
 from dpvision.fileio import write_json_atomic
 from dpvision.learners import DPSGDLinear
@@ -70,14 +71,6 @@ def _median_seconds(function: Callable[[], Any], repeats: int) -> list[float]:
         function()
         times.append(time.perf_counter() - started)
     return times
-
-
-def _commit() -> str:
-    head = subprocess.run(
-        ["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "src"], cwd=ROOT, capture_output=True)
-    return head + ("+local" if dirty.stdout.strip() else "")
 
 
 def _machine() -> str:
@@ -148,7 +141,7 @@ def run_step(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "machine": _machine(),
         "torch": torch.__version__,
-        "commit": _commit(),
+        "commit": commit(),
         "date": datetime.date.today().isoformat(),
         "rows": n,
         "dim": d,
@@ -237,7 +230,7 @@ def run_memory(args: argparse.Namespace) -> dict[str, Any]:
                 runs.append(
                     {
                         "what": label,
-                        "source": args.before if label == "before" else _commit(),
+                        "source": args.before if label == "before" else commit(),
                         "exit_code": code,
                         "peak_bytes": peak,
                         "peak_over_matrix": round(peak / matrix_bytes, 2),

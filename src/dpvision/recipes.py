@@ -15,6 +15,10 @@ ScatterNet). Its schedule adapts to the run:
   512 examples, the linear scaling Tramèr & Boneh used). On digits (N = 1 150) this
   scaled schedule was the best or within 0.7 points of the best of 24 alternatives on the
   validation split at ε = 0.5, 1 and 3;
+* to colour: on 3-channel images with at least :data:`COLOUR_MIN_TRAIN` training examples,
+  PrivDataNorm (:data:`COLOUR_PREPROCESSING`) instead of group-norm, and the schedules of
+  :data:`COLOUR_SCHEDULES`, tuned on a validation split of CIFAR-10's training set (the
+  grey-scale recipe reached 59.4 % there at ε = 3, Tramèr & Boneh's CIFAR-10 config 64.7 %);
 * to the image shape: ``dp-sgd``'s ``model = "auto"`` is Tramèr & Boneh's Tanh CNN for the
   two shapes it was made for (1×28×28, 3×32×32; their ScatterNet CNN on ScatterNet
   features), a WRN-16-4 (De et al.) for other images of 16 pixels or more a side, and an

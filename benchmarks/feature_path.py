@@ -103,7 +103,7 @@ def run_step(args: argparse.Namespace) -> dict[str, Any]:
     learner = DPSGDLinear(noise_multiplier=1.0, clip_norm=CLIP, num_classes=m)
     policy = make_clip_policy("flat", CLIP, expected_batch_size=float(batch_size))
     sq = row_sq_norms(features)
-    blocks = StepBlocks(features, learner.chunk_size)
+    blocks = StepBlocks(features, learner.chunk_size, m)
 
     def after() -> torch.Tensor:
         clipped = learner._clipped_sum(features, labels, batch, head, sq, policy, blocks)

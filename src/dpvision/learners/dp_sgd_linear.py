@@ -35,11 +35,20 @@ def loss_gradient(scores: torch.Tensor, labels: torch.Tensor, loss: str) -> torc
     """eᵢ = ∂ℓ/∂zᵢ for a batch: softmax cross-entropy, or one-vs-all sigmoid cross-entropy.
 
     ``scores`` (b, m) may be overwritten (the sigmoid is taken in place): pass a fresh
-    product. The target is subtracted at the label only, with no (b, m) one-hot matrix, so
-    the whole takes one pass over b·m numbers.
+    product. The label's entry, p − 1, is computed without the subtraction (softmax:
+    −Σ_{j≠y} pⱼ; sigmoid: −σ(−zᵧ)), so it keeps its relative precision where p is within
+    rounding of 1: a last-bit difference in p then moves eᵢ by a last bit, not by a large
+    part of itself (which clipping, rescaling eᵢ to norm C, would turn into a large move).
     """
-    errors = torch.softmax(scores, dim=1) if loss == "softmax" else scores.sigmoid_()
-    errors[torch.arange(len(labels), device=labels.device), labels] -= 1.0
+    rows = torch.arange(len(labels), device=labels.device)
+    if loss == "softmax":
+        errors = torch.softmax(scores, dim=1)
+        errors[rows, labels] = 0.0
+        errors[rows, labels] = -errors.sum(dim=1)  # pᵧ − 1 = −Σ_{j≠y} pⱼ, no cancellation
+        return errors
+    at_label = scores[rows, labels]
+    errors = scores.sigmoid_()
+    errors[rows, labels] = -torch.sigmoid(-at_label)  # σ(zᵧ) − 1 = −σ(−zᵧ)
     return errors
 
 
@@ -94,13 +103,18 @@ summed while it is in cache, so no batch-sized copy of the rows is made."""
 
 def row_sq_norms(features: np.ndarray, chunk_size: int = DEFAULT_CHUNK_SIZE) -> torch.Tensor:
     """‖xᵢ‖² of every row of the stored values, in float64, one chunk at a time
-    (non-finite rows give inf/nan)."""
+    (non-finite rows give inf/nan). Every row's sum is taken the same way wherever the
+    chunks fall (chunks of at least two rows), so a row's value does not depend on the
+    other rows."""
     out = torch.empty(len(features), dtype=torch.float64)
     done = 0
-    per_chunk = min(chunk_size, rows_per_chunk(features, BLOCK_BYTES * 4))
+    per_chunk = max(2, min(chunk_size, rows_per_chunk(features, BLOCK_BYTES * 4)))
     for chunk in row_chunks(features, per_chunk, np.float64):
-        out[done : done + len(chunk)] = torch.from_numpy(np.einsum("ij,ij->i", chunk, chunk))
-        done += len(chunk)
+        count = len(chunk)
+        if count == 1:  # NumPy sums a lone row in another order: give it a zero row's company
+            chunk = np.concatenate([chunk, np.zeros_like(chunk)])
+        out[done : done + count] = torch.from_numpy(np.einsum("ij,ij->i", chunk, chunk)[:count])
+        done += count
     return out
 
 
@@ -113,24 +127,53 @@ def stored_dtype(features: np.ndarray) -> np.dtype:
 
 class StepBlocks:
     """The buffers a step's blocks of rows are read into, made once per fit and reused by
-    every block of every step (no batch-sized copy, no allocation per block).
+    every block of every step (no batch-sized copy, no allocation per block), and the
+    scoring of a block.
 
     ``rows``: the stored rows of a block (as read, on the CPU); ``exact``: the same rows in
     float64 on the fit's device, where the step's arithmetic is done. ``exact`` always has
-    ``size`` rows, at a row stride padded to 64 bytes, and every block's scores are one
-    product of all of it: each row is then scored by the same kernel, at the same
-    alignment, wherever it sits in its block and however many rows the block holds, so its
-    scores are the same bits whichever other rows are in the batch (see
-    :meth:`DPSGDLinear._clipped_sum`).
+    ``size`` rows (a multiple of 64 where ``chunk_size`` allows), at a row stride padded to
+    64 bytes, and a block is scored as one product of all of it (:meth:`scores`), so each
+    row is scored by the same kernel at the same alignment wherever it sits and however
+    many rows the block holds. Whether the matrix library really does so is checked when
+    the buffers are made, on a public random row copied into every slot (:meth:`uniform`):
+    the library picks its kernels by shape, CPU and threads (MKL scores the last ``size``
+    mod 4 rows with another kernel when m ≥ 12, a privacy review found). Where the check
+    fails, rows are scored one at a time, each by the same one-row product.
     """
 
-    def __init__(self, features: np.ndarray, chunk_size: int) -> None:
+    def __init__(self, features: np.ndarray, chunk_size: int, num_classes: int) -> None:
         self.np_dtype = stored_dtype(features)
-        self.size = max(1, min(chunk_size, rows_per_chunk(features, BLOCK_BYTES)))
+        size = max(1, min(chunk_size, rows_per_chunk(features, BLOCK_BYTES)))
+        self.size = size if size < 64 else size // 64 * 64
         width = int(np.prod(features.shape[1:], dtype=np.int64))
         self.rows = np.empty((self.size, width), dtype=self.np_dtype)
         padded = -(-width // 8) * 8  # 8 float64 = 64 bytes
         self.exact = on_device(torch.zeros((self.size, padded), dtype=torch.float64))[:, :width]
+        self.by_block = self.uniform(num_classes)
+
+    def uniform(self, num_classes: int) -> bool:
+        """Whether one product of the whole buffer gives every slot the same bits for the
+        same row: a public random row (and head) in every slot, its scores compared.
+        Depends on the shapes, the library and the machine, never on the data."""
+        probe = torch.Generator().manual_seed(0)
+        row = torch.randn(self.exact.shape[1], generator=probe, dtype=torch.float64)
+        head = torch.randn(num_classes, self.exact.shape[1], generator=probe, dtype=torch.float64)
+        bias = torch.randn(num_classes, generator=probe, dtype=torch.float64)
+        self.exact.copy_(on_device(row).expand_as(self.exact))
+        scores = self.scores(on_device(head), on_device(bias), self.size, by_block=True)
+        same = bool((scores == scores[:1]).all())
+        self.exact.zero_()
+        return same
+
+    def scores(
+        self, weight: torch.Tensor, bias: torch.Tensor, count: int, *, by_block: bool | None = None
+    ) -> torch.Tensor:
+        """The scores (count, m) of the first ``count`` rows of the buffer: one product of
+        the whole buffer, or (where :meth:`uniform` failed) one one-row product a row."""
+        if by_block if by_block is not None else self.by_block:
+            return torch.addmm(bias, self.exact, weight.T)[:count]
+        return torch.stack([torch.addmv(bias, weight, self.exact[i]) for i in range(count)])
 
     def read(self, features: np.ndarray, index: np.ndarray) -> torch.Tensor:
         """Rows ``index`` (at most ``size``) of ``features``, exactly, in float64 on the
@@ -372,7 +415,7 @@ class DPSGDLinear(DPLinearClassifier):
         context = ReleaseContext(fit.ledger, fit.generator, fit.workers, ema)
         sampler = self._sampler(n, q, steps, fit.generator, self.sampling_state)
         sq_norms = row_sq_norms(features, self.chunk_size)
-        blocks = StepBlocks(features, self.chunk_size)
+        blocks = StepBlocks(features, self.chunk_size, fit.num_classes)
         policy = self._policy(release.expected_batch_size)
         for batch in sampler:
             batch = fit.workers.split(batch)  # this rank's share; the sums are all-reduced
@@ -436,16 +479,16 @@ class DPSGDLinear(DPLinearClassifier):
         Σ cᵢeᵢ[xᵢ; 1]ᵀ are taken in float64 from those exact values, with ‖xᵢ‖² from
         :func:`row_sq_norms` of the same values.
 
-        Each row's scores must not depend on where the row sits: where softmax is within
-        rounding of 1, a last-bit change of a score turns the direction of the clipped eᵢ,
-        so one example inserted before a row, moving it by one place, could move that
-        row's term by up to C. A GEMM's rounding of a row does depend on its place and on
-        the number of rows (its alignment, the kernel's edge rows): a privacy review
-        measured the sum moving by 6.2 C with float32 scores, and float64 scores of one
-        batch-sized product differ in the last bits too. So every block is scored as one
-        product of the fixed-shape buffer of :class:`StepBlocks`, in float64, which gave
-        the same bits for a row at every place and fill tried
-        (``tests/learners/test_step_blocks.py`` keeps the review's construction).
+        Each row's terms must not depend on where the row sits: where softmax is within
+        rounding of 1, a last-bit change of a score can turn the direction of eᵢ, which
+        clipping rescales to norm C, so one example inserted before a row, moving it by
+        one place, could move that row's term by up to C. A GEMM's rounding of a row does
+        depend on its place and on the number of rows (its alignment, the kernel's edge
+        rows): privacy reviews moved the sum by 6.2 C with float32 scores, and by 5.5 C
+        with MKL's edge rows of a float64 block at m = 100. So a block is scored by
+        :meth:`StepBlocks.scores`, checked to give a row the same bits in every slot, and
+        eᵢ's label entry is computed without cancellation (:func:`loss_gradient`)
+        (``tests/learners/test_step_blocks.py`` keeps the reviews' constructions).
 
         Privacy:
           Releases nothing; the sum (weights and bias together, flattened as ``theta``) has
@@ -459,8 +502,7 @@ class DPSGDLinear(DPLinearClassifier):
             index = batch[start : start + blocks.size]
             block, count = blocks.read(features, index), len(index)
             y = on_device(torch.from_numpy(np.asarray(labels[index], dtype=np.int64)))
-            scores = torch.addmm(bias, block, weight.T)[:count]  # all `size` rows: see above
-            errors = loss_gradient(scores, y, self.loss)
+            errors = loss_gradient(blocks.scores(weight, bias, count), y, self.loss)
             gw, gb, chunk_norms = clipped_gradient_sum(
                 block[:count],
                 errors,

@@ -174,7 +174,9 @@ def _tune_run(label: str, fields: dict[str, Any], seed: int, fraction: float) ->
 
 
 def tune(quick: bool, colour: bool = False) -> tuple[list[dict[str, Any]], str]:
-    rows = []
+    rows: list[dict[str, Any]] = []
+    notes: list[str] = []
+    timed: list[float | None] = []
     runs = _colour_runs() if colour else _tune_runs()
     runs = runs[:3] if quick else runs
     fraction = COLOUR_VALIDATION if colour else 0.2
@@ -182,7 +184,11 @@ def tune(quick: bool, colour: bool = False) -> tuple[list[dict[str, Any]], str]:
         scores = []
         for seed in (0,) if quick or colour else (0, 1):
             if colour:
-                scores.append(_tune_run(label, fields, seed, fraction)["validation_accuracy"])
+                result = _tune_run(label, fields, seed, fraction)
+                scores.append(result["validation_accuracy"])
+                timed.append(result.get("wall_seconds"))
+                if "note" in result:
+                    notes.append(f"{label} at ε = {fields['epsilon']:g}: {result['note']}")
                 continue
             run = dpvision.train(**fields, seed=seed, validation_fraction=fraction)
             scores.append(run.result["validation_accuracy"])
@@ -194,7 +200,17 @@ def tune(quick: bool, colour: bool = False) -> tuple[list[dict[str, Any]], str]:
         }
         rows.append(row)
         print(f"[{number}/{len(runs)}] {row}", file=sys.stderr, flush=True)
-    return rows, tune_markdown(rows)
+    text = tune_markdown(rows)
+    if colour:
+        text += (
+            f"\nEach run's result: `{COLOUR_RUNS.relative_to(COLOUR_RUNS.parents[2])}/`, seed 0, "
+            f"a {COLOUR_VALIDATION:.0%} validation split of the training set; the "
+            f"{sum(t is not None for t in timed)} timed runs took "
+            f"{sum(t for t in timed if t is not None) / 60:.0f} min in all, on 2 cores shared "
+            "with other runs (the page is rebuilt from the stored runs).\n"
+        )
+        text += "".join(f"\n- {note}" for note in notes) + ("\n" if notes else "")
+    return rows, text
 
 
 def tune_markdown(rows: list[dict[str, Any]]) -> str:

@@ -226,4 +226,29 @@ def test_scoring_falls_back_to_one_row_at_a_time_where_a_block_is_not_uniform(
     assert not blocks.by_block
     block = blocks.read(x, np.arange(5))
     weight, bias = torch.randn(3, 6, dtype=torch.float64), torch.randn(3, dtype=torch.float64)
-    assert torch.allclose(blocks.scores(weight, bias, 5), block[:5] @ weight.T + bias, rtol=1e-12)
+    assert torch.allclose(blocks.scores(weight, bias)[:5], block[:5] @ weight.T + bias, rtol=1e-12)
+
+
+@pytest.mark.parametrize("label_entry", [True, False])
+def test_one_row_gets_the_same_gradient_in_every_slot_of_a_partial_block(label_entry) -> None:
+    """The third review's construction: ATen takes a tensor's last elements through another
+    exp, so a sigmoid of only the block's rows gave the rows ending the batch other bits
+    (an ulp), and adaptive clipping's count of norms ≤ C flipped for 15 shared rows."""
+    d, m, chunk, z = 2, 2, 64, -1.7813060892405783  # σ(z): the two exps round differently
+    head = _Head(m, d, 0.0)
+    with torch.no_grad():
+        head.weight[0, 0], head.weight[1, 0] = (-z, -40.0) if label_entry else (40.0, z)
+    learner = DPSGDLinear(noise_multiplier=1.0, num_classes=m, loss="sigmoid", chunk_size=chunk)
+    policy = make_clip_policy("flat", 1.0, expected_batch_size=100.0)
+    for n in (chunk + 1, chunk + 7, chunk + 15):
+        x = np.tile([1.0, 0.0], (n, 1))
+        out = learner._clipped_sum(
+            x,
+            np.zeros(n, np.int64),
+            np.arange(n),
+            head,
+            row_sq_norms(x),
+            policy,
+            StepBlocks(x, chunk, m),
+        )
+        assert len(set(out.norms.tolist())) == 1, n

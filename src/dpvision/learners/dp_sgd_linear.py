@@ -161,19 +161,22 @@ class StepBlocks:
         head = torch.randn(num_classes, self.exact.shape[1], generator=probe, dtype=torch.float64)
         bias = torch.randn(num_classes, generator=probe, dtype=torch.float64)
         self.exact.copy_(on_device(row).expand_as(self.exact))
-        scores = self.scores(on_device(head), on_device(bias), self.size, by_block=True)
+        scores = self.scores(on_device(head), on_device(bias), by_block=True)
         same = bool((scores == scores[:1]).all())
         self.exact.zero_()
         return same
 
     def scores(
-        self, weight: torch.Tensor, bias: torch.Tensor, count: int, *, by_block: bool | None = None
+        self, weight: torch.Tensor, bias: torch.Tensor, *, by_block: bool | None = None
     ) -> torch.Tensor:
-        """The scores (count, m) of the first ``count`` rows of the buffer: one product of
-        the whole buffer, or (where :meth:`uniform` failed) one one-row product a row."""
+        """The scores (size, m) of every row of the buffer: one product of the whole buffer,
+        or (where :meth:`uniform` failed) one one-row product a row. Rows past the block's
+        count are left from earlier blocks; taking them too keeps every elementwise pass
+        over the scores the same length (ATen computes a tensor's last elements by another
+        exp, so a row's eᵢ would otherwise depend on whether it ends the batch)."""
         if by_block if by_block is not None else self.by_block:
-            return torch.addmm(bias, self.exact, weight.T)[:count]
-        return torch.stack([torch.addmv(bias, weight, self.exact[i]) for i in range(count)])
+            return torch.addmm(bias, self.exact, weight.T)
+        return torch.stack([torch.addmv(bias, weight, row) for row in self.exact])
 
     def read(self, features: np.ndarray, index: np.ndarray) -> torch.Tensor:
         """Rows ``index`` (at most ``size``) of ``features``, exactly, in float64 on the
@@ -501,8 +504,9 @@ class DPSGDLinear(DPLinearClassifier):
         for start in range(0, len(batch), blocks.size):
             index = batch[start : start + blocks.size]
             block, count = blocks.read(features, index), len(index)
-            y = on_device(torch.from_numpy(np.asarray(labels[index], dtype=np.int64)))
-            errors = loss_gradient(blocks.scores(weight, bias, count), y, self.loss)
+            y = torch.zeros(blocks.size, dtype=torch.int64)  # a whole block's: see scores
+            y[:count] = torch.from_numpy(np.asarray(labels[index], dtype=np.int64))
+            errors = loss_gradient(blocks.scores(weight, bias), on_device(y), self.loss)[:count]
             gw, gb, chunk_norms = clipped_gradient_sum(
                 block[:count],
                 errors,

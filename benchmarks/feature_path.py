@@ -47,14 +47,9 @@ from provenance import commit
 
 from dpvision.fileio import write_json_atomic
 from dpvision.learners import DPSGDLinear
-from dpvision.learners.dp_sgd_linear import (
-    StepBlocks,
-    _Head,
-    clipped_gradient_sum,
-    loss_gradient,
-    row_sq_norms,
-)
+from dpvision.learners.dp_sgd_linear import _Head, clipped_gradient_sum, loss_gradient
 from dpvision.learners.statistics import read_rows
+from dpvision.learners.step_blocks import StepBlocks, row_sq_norms
 from dpvision.mechanisms.clip_policy import make_clip_policy
 
 ROOT = Path(__file__).resolve().parent.parent

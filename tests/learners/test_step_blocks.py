@@ -8,14 +8,9 @@ import pytest
 import torch
 
 from dpvision.learners import DPSGDLinear
-from dpvision.learners import dp_sgd_linear as module
-from dpvision.learners.dp_sgd_linear import (
-    StepBlocks,
-    _Head,
-    clipped_gradient_sum,
-    loss_gradient,
-    row_sq_norms,
-)
+from dpvision.learners import step_blocks as module
+from dpvision.learners.dp_sgd_linear import _Head, clipped_gradient_sum, loss_gradient
+from dpvision.learners.step_blocks import StepBlocks, row_sq_norms
 from dpvision.mechanisms import observing_releases
 from dpvision.mechanisms.clip_policy import make_clip_policy
 

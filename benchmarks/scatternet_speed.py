@@ -26,7 +26,6 @@ import argparse
 import datetime
 import os
 import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from provenance import commit
 
 from dpvision.data import load_dataset
 from dpvision.features import FeatureSpec, extract_features
@@ -68,15 +68,6 @@ def _timed(function: Any, *args: Any) -> tuple[Any, float]:
     started = time.perf_counter()
     out = function(*args)
     return out, time.perf_counter() - started
-
-
-def _commit() -> str:
-    root = Path(__file__).resolve().parent.parent
-    head = subprocess.run(
-        ["git", "rev-parse", "--short=12", "HEAD"], cwd=root, capture_output=True, text=True
-    ).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "src"], cwd=root, capture_output=True)
-    return head + ("+local" if dirty.stdout.strip() else "")
 
 
 def main() -> int:
@@ -129,7 +120,7 @@ def main() -> int:
         f"{torch.get_num_threads()} torch threads",
         "device": "cpu",
         "torch": torch.__version__,
-        "commit": _commit(),
+        "commit": commit(),
         "date": datetime.date.today().isoformat(),
         "dataset": "cifar10-jpeg",
         "features": list(features.shape[1:]),

@@ -15,6 +15,10 @@ ScatterNet). Its schedule adapts to the run:
   512 examples, the linear scaling Tramèr & Boneh used). On digits (N = 1 150) this
   scaled schedule was the best or within 0.7 points of the best of 24 alternatives on the
   validation split at ε = 0.5, 1 and 3;
+* to colour: on 3-channel images with at least :data:`COLOUR_MIN_TRAIN` training examples,
+  PrivDataNorm (:data:`COLOUR_PREPROCESSING`) instead of group-norm, and the schedules of
+  :data:`COLOUR_SCHEDULES`, tuned on a validation split of CIFAR-10's training set (the
+  grey-scale recipe reached 59.4 % there at ε = 3, Tramèr & Boneh's CIFAR-10 config 64.7 %);
 * to the image shape: ``dp-sgd``'s ``model = "auto"`` is Tramèr & Boneh's Tanh CNN for the
   two shapes it was made for (1×28×28, 3×32×32; their ScatterNet CNN on ScatterNet
   features), a WRN-16-4 (De et al.) for other images of 16 pixels or more a side, and an
@@ -37,6 +41,9 @@ from typing import Any
 __all__ = [
     "ADAM_LEARNING_RATE",
     "AUTO",
+    "COLOUR_MIN_TRAIN",
+    "COLOUR_PREPROCESSING",
+    "COLOUR_SCHEDULES",
     "DEEP_FIXED",
     "DEEP_LEARNING_RATE_PER_512",
     "DEEP_MAX_BATCH",
@@ -48,6 +55,7 @@ __all__ = [
     "default_model",
     "default_preprocessing",
     "describe",
+    "is_colour",
     "linear_schedule",
     "schedule_for",
 ]
@@ -63,19 +71,22 @@ _REFERENCE_N = 60_000
 
 @dataclasses.dataclass(frozen=True)
 class LinearSchedule:
-    """DP-SGD's schedule on the linear head for one ε, as tuned at N = 60 000.
+    """DP-SGD's schedule on the linear head for one ε, as tuned at a reference N (60 000
+    for :data:`LINEAR_SCHEDULES`, 50 000 for :data:`COLOUR_SCHEDULES`).
 
     Attributes:
       epsilon: the ε it was tuned at.
-      batch_size: the expected batch size B at N = 60 000.
+      batch_size: the expected batch size B at the reference N.
       epochs: the length of the run in passes over the data (steps T = epochs / q).
       learning_rate_per_512: the learning rate divided by B / 512.
+      ema_decay: μ of the average of the iterates (0: none).
     """
 
     epsilon: float
     batch_size: int
     epochs: float
     learning_rate_per_512: float
+    ema_decay: float = 0.0
 
 
 LINEAR_SCHEDULES: tuple[LinearSchedule, ...] = (
@@ -88,36 +99,77 @@ LINEAR_SCHEDULES: tuple[LinearSchedule, ...] = (
 (``benchmarks/feature_learners_fmnist.py``); larger ε run the ε = 3 schedule."""
 
 
-def schedule_for(epsilon: float | None) -> LinearSchedule:
-    """The tuned schedule nearest to ``epsilon`` on a log scale (ε = 8 and ∞: the one
-    tuned at ε = 3); a fixed noise multiplier (``None``) takes the one tuned at ε = 3."""
+COLOUR_SCHEDULES: tuple[LinearSchedule, ...] = (
+    LinearSchedule(1.0, 8192, 30, 0.25),
+    LinearSchedule(3.0, 8192, 60, 0.25),
+    LinearSchedule(8.0, 8192, 60, 0.25),
+)
+"""Schedules for colour images (:func:`is_colour`), after PrivDataNorm: Tramèr & Boneh's
+CIFAR-10 schedule (B 8192 at N = 50 000, 60 epochs, lr 4) and its neighbours, chosen on a
+10 % validation split of CIFAR-10's training set (``benchmarks/default_recipe.py --part
+tune-colour``); a target ε takes the nearest tuned ε on a log scale."""
+
+_COLOUR_REFERENCE_N = 50_000
+
+COLOUR_PREPROCESSING: dict[str, Any] = {
+    "kind": "private-norm",
+    "noise_multiplier": 8.0,
+    "mean_clip": 1.0,
+    "square_clip": 1.5,
+}
+"""PrivDataNorm as Tramèr & Boneh ran it on CIFAR-10 (σ_norm = 8, thresholds 1.0, 1.5): two
+private releases of per-channel statistics, counted in the run's ε."""
+
+COLOUR_MIN_TRAIN = 5_000
+"""The fewest training examples at which colour images take :data:`COLOUR_PREPROCESSING`:
+PrivDataNorm's noise on a channel's mean is σ_norm·τ_m/N, and at N ≥ 40·σ_norm·√K ≈ 5 000
+(K = 243 ScatterNet channels of an RGB image) it is at most 1/40 of a channel's share
+τ_m/√K of the clipped mean vector; on fewer examples the free per-example group-norm and
+the grey-scale schedules are used (a rule of thumb, not a measurement)."""
+
+
+def is_colour(channels: int | None, num_train: int | None) -> bool:
+    """Whether the colour-image recipe applies: 3-channel images, at least
+    :data:`COLOUR_MIN_TRAIN` training examples (public facts: the shape and N)."""
+    return channels == 3 and num_train is not None and num_train >= COLOUR_MIN_TRAIN
+
+
+def schedule_for(epsilon: float | None, colour: bool = False) -> LinearSchedule:
+    """The tuned schedule nearest to ``epsilon`` on a log scale (grey-scale: ε = 8 and ∞
+    take the one tuned at ε = 3; colour: ∞ takes the largest tuned ε); a fixed noise
+    multiplier (``None``) takes the one tuned at ε = 3."""
+    schedules = COLOUR_SCHEDULES if colour else LINEAR_SCHEDULES
     if epsilon is None:
-        return next(s for s in LINEAR_SCHEDULES if s.epsilon == 3.0)
+        return next(s for s in schedules if s.epsilon == 3.0)
     if math.isinf(epsilon):
-        return LINEAR_SCHEDULES[-1]
-    return min(LINEAR_SCHEDULES, key=lambda s: abs(math.log(s.epsilon / epsilon)))
+        return schedules[-1]
+    return min(schedules, key=lambda s: abs(math.log(s.epsilon / epsilon)))
 
 
 def linear_schedule(
-    num_train: int, epsilon: float | None, batch_size: int | None = None
+    num_train: int, epsilon: float | None, batch_size: int | None = None, *, colour: bool = False
 ) -> dict[str, Any]:
     """The learner options of ``method = "auto"`` for ``num_train`` training examples at
     target ``epsilon`` (``None``: a fixed σ was given): the tuned sample rate (batch at
     most the tuned batch), the tuned epochs, the learning rate scaled with the batch
-    (``batch_size``: the user's, when set)::
+    (``batch_size``: the user's, when set); ``colour``: from :data:`COLOUR_SCHEDULES`::
 
         >>> linear_schedule(60_000, 3.0)["batch_size"], linear_schedule(1_000, 3.0)["batch_size"]
         (8192, 137)
     """
-    tuned = schedule_for(epsilon)
-    batch = max(1, min(tuned.batch_size, round(tuned.batch_size * num_train / _REFERENCE_N)))
+    tuned = schedule_for(epsilon, colour)
+    reference = _COLOUR_REFERENCE_N if colour else _REFERENCE_N
+    batch = max(1, min(tuned.batch_size, round(tuned.batch_size * num_train / reference)))
     batch = batch_size or batch  # the user's batch: the learning rate follows it
-    return {
+    options = {
         **_LINEAR_FIXED,
         "batch_size": batch,
         "epochs": tuned.epochs,
         "learning_rate": tuned.learning_rate_per_512 * batch / 512,
     }
+    if tuned.ema_decay:
+        options["ema_decay"] = tuned.ema_decay
+    return options
 
 
 DEEP_FIXED: dict[str, Any] = {"max_grad_norm": 0.1, "optimizer": "sgd", "momentum": 0.9}
@@ -192,15 +244,20 @@ def default_features(method: str, image_shape: Sequence[int] | None = None) -> s
 
 
 def default_preprocessing(
-    method: str, features: str, channels: int | None = None
+    method: str, features: str, channels: int | None = None, num_train: int | None = None
 ) -> dict[str, Any]:
-    """``preprocessing.kind = "auto"``: group normalisation (per example, free) for the
-    feature learners: of ScatterNet features in 27 groups; of the pixels of the recipe's
-    linear head (``channels`` of them) as one group, so that its clip norm and learning rate
-    see features of norm √d either way. None otherwise, and for deep models."""
+    """``preprocessing.kind = "auto"``: for the recipe's linear head on ScatterNet features
+    of colour images (:func:`is_colour`: ``channels`` = 3, ``num_train`` at least
+    :data:`COLOUR_MIN_TRAIN`), PrivDataNorm (:data:`COLOUR_PREPROCESSING`); otherwise group
+    normalisation (per example, free) for the feature learners: of ScatterNet features in
+    27 groups; of the pixels of the recipe's linear head (``channels`` of them) as one
+    group, so that its clip norm and learning rate see features of norm √d either way. None
+    otherwise, and for deep models."""
     if method in ("dp-sgd", "dp-randp"):
         return {"kind": "none"}
     if features.strip().split(":", 1)[0] == "scatternet":
+        if method in (AUTO, RECIPE_METHOD) and is_colour(channels, num_train):
+            return dict(COLOUR_PREPROCESSING)
         return {"kind": "group-norm", "groups": _SCATTER_GROUPS}
     if features == "pixels" and method in (AUTO, RECIPE_METHOD) and channels is not None:
         return {"kind": "group-norm", "groups": 1, "channels": channels}
@@ -241,6 +298,7 @@ def describe(config: dict[str, Any], recipe: dict[str, Any]) -> str:
             ("epochs", "epochs"),
             ("steps", "steps"),
             ("learning_rate", "lr"),
+            ("ema_decay", "EMA"),
             ("clip_norm", "C"),
             ("max_grad_norm", "C"),
         )

@@ -15,6 +15,7 @@ from types import ModuleType
 
 import pytest
 import torch
+from tests.benchmarks.scripts import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "dpsgd_speed.py"
 HAS_OPACUS = importlib.util.find_spec("opacus") is not None
@@ -87,12 +88,7 @@ def test_isolated_rows_report_their_own_child_peak_memory(tmp_path):
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("dpsgd_speed_under_test", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("dpsgd_speed", "dpsgd_speed_under_test")
 
 
 def _update(bench: ModuleType, setup, row: str) -> dict[str, torch.Tensor]:

@@ -1,7 +1,6 @@
 """benchmarks/scatternet_speed.py: one run times kymatio and dpvision on the same images,
 checks they agree, and writes its page (here on 300 random images instead of CIFAR-10)."""
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -9,17 +8,11 @@ from types import ModuleType
 
 import numpy as np
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "scatternet_speed.py"
+from tests.benchmarks.scripts import load_script
 
 
 def _module() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("scatternet_speed", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scatternet_speed")
 
 
 class _Images:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from dpvision.learners import statistics
+from dpvision.data import rows as row_reading
 from dpvision.learners.statistics import ClassIndex, class_grams, iter_chunks, read_rows
 
 ROWS, DIM, CLASSES, CHUNK = 20000, 64, 20, 2000
@@ -73,7 +73,7 @@ def test_small_release_parts_give_the_same_values(
     path, x, _ = mapped
     view = np.load(path, mmap_mode="r")
     # 16-row parts for slices, one 2 MiB block per part for row numbers.
-    monkeypatch.setattr(statistics, "RELEASE_BYTES", 16 * DIM * 4)
+    monkeypatch.setattr(row_reading, "RELEASE_BYTES", 16 * DIM * 4)
     rows = np.sort(np.random.default_rng(2).choice(ROWS, size=3000, replace=False))
     for selection in (slice(3, 5003), rows):
         assert torch.equal(read_rows(view, selection), torch.from_numpy(x[selection].astype(float)))

@@ -9,6 +9,9 @@ import pytest
 from dpvision.cli import main
 from dpvision.config import resolve
 from dpvision.recipes import (
+    COLOUR_MIN_TRAIN,
+    COLOUR_PREPROCESSING,
+    COLOUR_SCHEDULES,
     LINEAR_SCHEDULES,
     deep_schedule,
     default_features,
@@ -125,6 +128,48 @@ def test_the_dp_sgd_recipe_fits_the_batch_to_n_and_keeps_what_the_user_set(tmp_p
 def _npz(path, rng, labels):
     x = rng.integers(0, 256, (len(labels), 12, 12), dtype=np.uint8)
     np.savez(path, x_train=x[:300], y_train=labels[:300], x_test=x[300:], y_test=labels[300:])
+
+
+def test_colour_images_take_privdatanorm_and_the_colour_schedules():
+    colour = default_preprocessing("auto", "scatternet", 3, 50_000)
+    assert colour == COLOUR_PREPROCESSING
+    assert colour["kind"] == "private-norm"
+    assert default_preprocessing("dp-sgd-linear", "scatternet", 3, COLOUR_MIN_TRAIN) == colour
+    # grey images, too few examples for the private statistics, other learners: group-norm
+    for method, channels, n in (
+        ("auto", 1, 60_000),
+        ("auto", 3, COLOUR_MIN_TRAIN - 1),
+        ("auto", 3, None),
+        ("dp-ls", 3, 50_000),
+    ):
+        assert default_preprocessing(method, "scatternet", channels, n)["kind"] == "group-norm"
+    for tuned in COLOUR_SCHEDULES:
+        options = linear_schedule(50_000, tuned.epsilon, colour=True)
+        assert options["batch_size"] == tuned.batch_size  # tuned at N = 50 000
+        assert options["epochs"] == tuned.epochs
+        assert math.isclose(options["learning_rate"], tuned.learning_rate_per_512 * 16)
+        assert schedule_for(tuned.epsilon, colour=True) == tuned
+    assert linear_schedule(25_000, 3.0, colour=True)["batch_size"] == 4096  # the same q
+    assert linear_schedule(60_000, 3.0) == linear_schedule(60_000, 3.0, colour=False)
+
+
+def test_the_recipe_of_colour_images_from_the_shape_and_n(tmp_path):
+    rng = np.random.default_rng(0)
+    path, labels = tmp_path / "c.npz", rng.integers(0, 3, COLOUR_MIN_TRAIN + 100)
+    x = rng.integers(0, 256, (len(labels), 8, 8, 3), dtype=np.uint8)
+    n = COLOUR_MIN_TRAIN
+    np.savez(path, x_train=x[:n], y_train=labels[:n], x_test=x[n:], y_test=labels[n:])
+    base = [f"dataset='npz:{path}'", "num_classes=3", "epsilon=3.0"]
+    config, recipe = apply_recipe(resolve(sets=base))
+    assert config.features == "scatternet"
+    assert config.preprocessing.kind == "private-norm"
+    assert config.learner["epochs"] == schedule_for(3.0, colour=True).epochs
+    assert "colour images" in recipe["why"]
+    # the method named, the preprocessing left auto: still the colour images' PrivDataNorm
+    named, _ = apply_recipe(resolve(sets=[*base, "method=dp-sgd-linear", "features=scatternet"]))
+    assert named.preprocessing.kind == "private-norm"
+    held, _ = apply_recipe(resolve(sets=[*base, "validation_fraction=0.5"]))  # N = 2 500
+    assert held.preprocessing.kind == "group-norm"
 
 
 def test_the_recipe_reads_no_pixel_and_no_label(tmp_path):

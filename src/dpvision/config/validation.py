@@ -246,8 +246,11 @@ def _resolve_auto(config: TrainConfig) -> TrainConfig:
     if features == AUTO and config.method not in (AUTO, RECIPE_METHOD):
         features = default_features(config.method)
     pre = config.preprocessing
-    recipe_pixels = features == "pixels" and config.method in (AUTO, RECIPE_METHOD)
-    if pre.kind == AUTO and features != AUTO and not recipe_pixels:  # pixels: needs C
+    # The recipe's own features wait for the image shape and N (pixels: C; ScatterNet of
+    # colour images: PrivDataNorm), resolved when the run starts.
+    kind = features.strip().split(":", 1)[0]
+    recipe_features = kind in ("pixels", "scatternet") and config.method in (AUTO, RECIPE_METHOD)
+    if pre.kind == AUTO and features != AUTO and not recipe_features:
         pre = dataclasses.replace(pre, **default_preprocessing(config.method, features))
     return dataclasses.replace(config, features=features, preprocessing=pre)
 

@@ -18,10 +18,12 @@ import numpy as np
 import torch
 
 from dpvision.accounting import PrivacyLedger
+from dpvision.data.rows import Rows, row_chunks, rows_per_chunk
 from dpvision.errors import DPVisionError
 from dpvision.mechanisms import clip_rows, release_gaussian
 
 _CHUNK = 8192
+_FIT_CHUNK_BYTES = 2**25  # float64 rows read at a time by the private fits
 
 
 def group_normalize(
@@ -85,22 +87,23 @@ class PrivateNormalizer:
 
     def fit(
         self,
-        features: np.ndarray,
+        features: "np.ndarray | Rows",
         *,
         ledger: PrivacyLedger,
         generator: torch.Generator | None = None,
     ) -> "PrivateNormalizer":
-        """Releases the noisy statistics (recorded in ``ledger``) and keeps them."""
+        """Releases the noisy statistics (recorded in ``ledger``) and keeps them.
+
+        ``features``: an (n, d) array, or :class:`~dpvision.data.rows.Rows` of one (read in
+        chunks; a read-only memory map's pages are let go)."""
         n, d = features.shape
         if d % self.channels:
             raise DPVisionError(f"{d} features do not split into {self.channels} channels")
         mean_sum = torch.zeros(self.channels, dtype=torch.float64)
         square_sum = torch.zeros(self.channels, dtype=torch.float64)
-        for start in range(0, n, _CHUNK):
-            x = _channel_view(
-                torch.from_numpy(np.asarray(features[start : start + _CHUNK], np.float64)),
-                self.channels,
-            )
+        per_chunk = rows_per_chunk(features, _FIT_CHUNK_BYTES)
+        for chunk in row_chunks(features, per_chunk, np.float64):
+            x = _channel_view(torch.from_numpy(chunk), self.channels)
             mean_sum += clip_rows(x.mean(dim=2), self.mean_clip).sum(dim=0)
             square_sum += clip_rows((x * x).mean(dim=2), self.square_clip).sum(dim=0)
         common = {
@@ -157,16 +160,17 @@ class PrivateCentering:
 
     def fit(
         self,
-        features: np.ndarray,
+        features: "np.ndarray | Rows",
         *,
         ledger: PrivacyLedger,
         generator: torch.Generator | None = None,
     ) -> "PrivateCentering":
+        """Releases the noisy mean (recorded in ``ledger``) and keeps it; ``features`` as in
+        :meth:`PrivateNormalizer.fit`."""
         n, d = features.shape
         total = torch.zeros(d, dtype=torch.float64)
-        for start in range(0, n, _CHUNK):
-            x = torch.from_numpy(np.asarray(features[start : start + _CHUNK], np.float64))
-            total += clip_rows(x, self.clip_norm).sum(dim=0)
+        for chunk in row_chunks(features, rows_per_chunk(features, _FIT_CHUNK_BYTES), np.float64):
+            total += clip_rows(torch.from_numpy(chunk), self.clip_norm).sum(dim=0)
         total = release_gaussian(
             total,
             l2_sensitivity=self.clip_norm,

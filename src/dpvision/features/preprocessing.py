@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpvision.accounting import PrivacyLedger
+from dpvision.data.rows import Rows, row_chunks, rows_per_chunk
 from dpvision.features.normalization import PrivateCentering, PrivateNormalizer, group_normalize
 from dpvision.mechanisms.noise import NoiseGenerator
 
@@ -38,6 +39,9 @@ class PreprocessingConfig:
 
 PREPROCESSING = ("none", "group-norm", "private-norm", "center")
 
+CHUNK_BYTES = 2**25
+"""Bytes of float32 rows transformed at a time."""
+
 
 @dataclass(frozen=True)
 class FittedPreprocessing:
@@ -53,25 +57,58 @@ class FittedPreprocessing:
     channels: int
     statistics: dict[str, np.ndarray]
 
-    def transform(self, features: np.ndarray) -> np.ndarray:
+    def transform(self, features: "np.ndarray | Rows") -> np.ndarray:
+        """The transformed features, as one new float32 array (``none``: the array itself,
+        or the rows of a :class:`~dpvision.data.rows.Rows` read into one array).
+
+        ``features`` is read once, :data:`CHUNK_BYTES` at a time (a read-only memory map's
+        pages are let go as it is read), and written into the one output array: no other
+        copy of the rows is made.
+        """
+        if self.config.kind == "none":
+            if not isinstance(features, Rows):
+                return features
+            dtype = np.result_type(*(array.dtype for array, _ in features.parts))
+            return _read_all(features, dtype)
+        out = np.empty(features.shape, dtype=np.float32)
+        done = 0
+        for chunk in row_chunks(features, rows_per_chunk(features, CHUNK_BYTES, 4), np.float32):
+            out[done : done + len(chunk)] = self._apply(chunk)
+            done += len(chunk)
+        return out
+
+    def _apply(self, chunk: np.ndarray) -> np.ndarray:
+        """The transform of a float32 chunk of rows."""
         kind = self.config.kind
-        if kind == "none":
-            return features
         if kind == "group-norm":
-            return group_normalize(features, channels=self.channels, groups=self.config.groups)
+            return group_normalize(chunk, channels=self.channels, groups=self.config.groups)
         if kind == "private-norm":
             normalizer = PrivateNormalizer(channels=self.channels, noise_multiplier=0.0)
             normalizer.mean_, normalizer.var_ = self.statistics["mean"], self.statistics["var"]
-            return normalizer.transform(features)
+            return normalizer.transform(chunk)
         centering = PrivateCentering(clip_norm=self.config.clip_norm, noise_multiplier=0.0)
         centering.mean_ = self.statistics["mean"]
-        return centering.transform(features)
+        return centering.transform(chunk)
+
+
+def _read_all(features: Rows, dtype: np.dtype) -> np.ndarray:
+    """The rows of ``features`` in one array of ``dtype`` (the array itself when they are
+    all of one array's rows)."""
+    if len(features.parts) == 1 and features.parts[0][1] is None:
+        return features.parts[0][0]
+    out = np.empty(features.shape, dtype=dtype)
+    done = 0
+    per_chunk = rows_per_chunk(features, CHUNK_BYTES, np.dtype(dtype).itemsize)
+    for chunk in row_chunks(features, per_chunk, dtype):
+        out[done : done + len(chunk)] = chunk
+        done += len(chunk)
+    return out
 
 
 def preprocess(
     pre: PreprocessingConfig,
-    train: np.ndarray,
-    test: np.ndarray,
+    train: "np.ndarray | Rows",
+    test: "np.ndarray | Rows",
     channels: int,
     ledger: PrivacyLedger,
     generator: NoiseGenerator,
@@ -80,6 +117,10 @@ def preprocess(
 ) -> tuple[np.ndarray, np.ndarray, FittedPreprocessing]:
     """Applies ``pre`` to train and test features, recording private steps in ``ledger``;
     returns them and the fitted preprocessing (for new features).
+
+    ``train`` and ``test`` may be :class:`~dpvision.data.rows.Rows` of larger arrays (a
+    run's training rows of the cached features, its held-out rows then the test set): each
+    is read in chunks into the one array returned for it.
 
     ``generator``: the noise's, a stream of the run's secret randomness (or the secure
     mode's CSPRNG).

@@ -27,6 +27,7 @@ from dpvision.accounting import (
     calibrate_noise_multiplier,
 )
 from dpvision.accounting.ledger import NON_PRIVATE, LedgerEntry
+from dpvision.data.rows import rows_per_chunk
 from dpvision.devices import resolve_device
 from dpvision.distributed import Workers, current
 from dpvision.errors import DPVisionError, PrivacyWarning
@@ -178,6 +179,10 @@ def _warn_inside_a_search(name: str) -> None:
             )
             return
         frame = frame.f_back
+
+
+SCORE_BYTES = 2**26
+"""Bytes of float64 rows :meth:`DPLinearClassifier.decision_function` reads at a time."""
 
 
 class DPLinearClassifier(ClassifierMixin, BaseEstimator, abc.ABC):  # type: ignore[misc]
@@ -353,7 +358,9 @@ class DPLinearClassifier(ClassifierMixin, BaseEstimator, abc.ABC):  # type: igno
             )
         coef = torch.from_numpy(self.coef_)
         intercept = torch.from_numpy(self.intercept_)
-        scores = [x @ coef.T + intercept for x, _ in iter_chunks(X, chunk_size=self.chunk_size)]
+        # At most SCORE_BYTES of float64 rows at a time: scoring a test set takes no copy of it.
+        rows = min(self.chunk_size, rows_per_chunk(X, SCORE_BYTES))
+        scores = [x @ coef.T + intercept for x, _ in iter_chunks(X, chunk_size=rows)]
         return torch.cat(scores).numpy()
 
     def predict(self, X: np.ndarray) -> np.ndarray:

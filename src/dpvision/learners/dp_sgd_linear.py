@@ -18,7 +18,8 @@ from dpvision.averaging import ParameterEMA
 from dpvision.errors import DPVisionError
 from dpvision.learners.base import DPLinearClassifier, PrivateFit
 from dpvision.learners.memory import NORMAL_WORK, Footprint
-from dpvision.learners.statistics import DEFAULT_CHUNK_SIZE, on_device, read_rows
+from dpvision.learners.statistics import DEFAULT_CHUNK_SIZE, on_device
+from dpvision.learners.step_blocks import BLOCK_BYTES, StepBlocks, row_sq_norms
 from dpvision.mechanisms import PoissonSampler, SecureRandom, clipping
 from dpvision.mechanisms.clip_policy import ClipPolicy, adaptive_options, make_clip_policy
 from dpvision.mechanisms.clipped_sum import ClippedGradientSum
@@ -34,11 +35,20 @@ def loss_gradient(scores: torch.Tensor, labels: torch.Tensor, loss: str) -> torc
     """eᵢ = ∂ℓ/∂zᵢ for a batch: softmax cross-entropy, or one-vs-all sigmoid cross-entropy.
 
     ``scores`` (b, m) may be overwritten (the sigmoid is taken in place): pass a fresh
-    product. The target is subtracted at the label only, with no (b, m) one-hot matrix, so
-    the whole takes one pass over b·m numbers.
+    product. The label's entry, p − 1, is computed without the subtraction (softmax:
+    −Σ_{j≠y} pⱼ; sigmoid: −σ(−zᵧ)), so it keeps its relative precision where p is within
+    rounding of 1: a last-bit difference in p then moves eᵢ by a last bit, not by a large
+    part of itself (which clipping, rescaling eᵢ to norm C, would turn into a large move).
     """
-    errors = torch.softmax(scores, dim=1) if loss == "softmax" else scores.sigmoid_()
-    errors[torch.arange(len(labels), device=labels.device), labels] -= 1.0
+    rows = torch.arange(len(labels), device=labels.device)
+    if loss == "softmax":
+        errors = torch.softmax(scores, dim=1)
+        errors[rows, labels] = 0.0
+        errors[rows, labels] = -errors.sum(dim=1)  # pᵧ − 1 = −Σ_{j≠y} pⱼ, no cancellation
+        return errors
+    at_label = scores[rows, labels]
+    errors = scores.sigmoid_()
+    errors[rows, labels] = -torch.sigmoid(-at_label)  # σ(zᵧ) − 1 = −σ(−zᵧ)
     return errors
 
 
@@ -84,21 +94,6 @@ def clipped_gradient_sum(
     else:
         grad_b = torch.zeros(errors.shape[1], dtype=torch.float64)
     return grad_w, grad_b, norms
-
-
-def row_sq_norms(features: np.ndarray, chunk_size: int = DEFAULT_CHUNK_SIZE) -> torch.Tensor:
-    """‖xᵢ‖² of every row, in float64, one chunk at a time (non-finite rows give inf/nan)."""
-    out = torch.empty(len(features), dtype=torch.float64)
-    for start in range(0, len(features), chunk_size):
-        chunk = read_rows(features, slice(start, start + chunk_size)).cpu().numpy()
-        out[start : start + len(chunk)] = torch.from_numpy(np.einsum("ij,ij->i", chunk, chunk))
-    return out
-
-
-def _rows(features: np.ndarray, index: np.ndarray) -> torch.Tensor:
-    # float64 throughout: in float32 the clipped contribution of one example was measured
-    # to exceed C by 4e-6 (relative), which would break the stated sensitivity.
-    return read_rows(features, index)
 
 
 class DPSGDLinear(DPLinearClassifier):
@@ -284,7 +279,8 @@ class DPSGDLinear(DPLinearClassifier):
             m=m,
             n=n,
             matrices=0.0,
-            extra_bytes=8.0 * (3 * min(n, self.chunk_size) * d + 6 * m * d),
+            extra_bytes=3.0 * min(n, self.chunk_size, max(1, BLOCK_BYTES // (8 * d))) * 8 * d
+            + 8.0 * (n + 6 * m * d),
             work=steps * self._step_work(q * n, d, m),
             solves=f"{steps} noisy steps",
         )
@@ -308,6 +304,8 @@ class DPSGDLinear(DPLinearClassifier):
     def _fit_private(
         self, features: np.ndarray, labels: np.ndarray, fit: PrivateFit
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(features, torch.Tensor):  # read as NumPy rows (a CPU tensor: no copy)
+            features = features.detach().cpu().numpy()
         n, d = features.shape
         q, steps = self._sample_rate(n), self._steps(n)
         release = GradientRelease(
@@ -324,10 +322,11 @@ class DPSGDLinear(DPLinearClassifier):
         context = ReleaseContext(fit.ledger, fit.generator, fit.workers, ema)
         sampler = self._sampler(n, q, steps, fit.generator, self.sampling_state)
         sq_norms = row_sq_norms(features, self.chunk_size)
+        blocks = StepBlocks(features, self.chunk_size, fit.num_classes)
         policy = self._policy(release.expected_batch_size)
         for batch in sampler:
             batch = fit.workers.split(batch)  # this rank's share; the sums are all-reduced
-            clipped = self._clipped_sum(features, labels, batch, head, sq_norms, policy)
+            clipped = self._clipped_sum(features, labels, batch, head, sq_norms, policy, blocks)
             policy.observe(clipped.norms)  # private; only the adaptive count's release uses it
             noisy_step(
                 clipped,
@@ -378,23 +377,42 @@ class DPSGDLinear(DPLinearClassifier):
         head: "_Head",
         sq_norms: torch.Tensor,
         policy: ClipPolicy,
+        blocks: StepBlocks,
     ) -> ClippedGradientSum:
-        """Σ_{i∈batch} clip(gᵢ) of the head, one chunk of rows at a time.
+        """Σ_{i∈batch} clip(gᵢ) of the head, one block of rows at a time.
+
+        Each block of rows is read as stored into ``blocks`` (float32 features stay float32
+        in memory) and widened to float64 there; its scores, eᵢ and clipped sum
+        Σ cᵢeᵢ[xᵢ; 1]ᵀ are taken in float64 from those exact values, with ‖xᵢ‖² from
+        :func:`row_sq_norms` of the same values.
+
+        Each row's terms must not depend on where the row sits: where softmax is within
+        rounding of 1, a last-bit change of a score can turn the direction of eᵢ, which
+        clipping rescales to norm C, so one example inserted before a row, moving it by
+        one place, could move that row's term by up to C. A GEMM's rounding of a row does
+        depend on its place and on the number of rows (its alignment, the kernel's edge
+        rows): privacy reviews moved the sum by 6.2 C with float32 scores, and by 5.5 C
+        with MKL's edge rows of a float64 block at m = 100. So a block is scored by
+        :meth:`StepBlocks.scores`, checked to give a row the same bits in every slot, and
+        eᵢ's label entry is computed without cancellation (:func:`loss_gradient`)
+        (``tests/learners/test_step_blocks.py`` keeps the reviews' constructions).
 
         Privacy:
           Releases nothing; the sum (weights and bias together, flattened as ``theta``) has
-          the policy's L2 sensitivity C under add/remove-one (float64 throughout).
+          the policy's L2 sensitivity C under add/remove-one: each example's clip factor and
+          its term of the sum are computed in float64 from its stored row.
         """
         weight, bias = head.weight.detach(), head.bias.detach()
         grad_w, grad_b = torch.zeros_like(weight), torch.zeros_like(bias)
         norms = []
-        for start in range(0, len(batch), self.chunk_size):
-            index = batch[start : start + self.chunk_size]
-            x = _rows(features, index)
-            y = on_device(torch.from_numpy(np.asarray(labels[index], dtype=np.int64)))
-            errors = loss_gradient(torch.addmm(bias, x, weight.T), y, self.loss)
+        for start in range(0, len(batch), blocks.size):
+            index = batch[start : start + blocks.size]
+            block, count = blocks.read(features, index), len(index)
+            y = torch.zeros(blocks.size, dtype=torch.int64)  # a whole block's: see scores
+            y[:count] = torch.from_numpy(np.asarray(labels[index], dtype=np.int64))
+            errors = loss_gradient(blocks.scores(weight, bias), on_device(y), self.loss)[:count]
             gw, gb, chunk_norms = clipped_gradient_sum(
-                x,
+                block[:count],
                 errors,
                 policy.max_grad_norm,
                 fit_intercept=self.fit_intercept,

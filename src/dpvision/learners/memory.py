@@ -42,6 +42,7 @@ __all__ = [
     "check_footprint",
     "estimate_seconds",
     "fits",
+    "gigabytes",
     "largest_dimension",
 ]
 

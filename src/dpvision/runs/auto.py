@@ -22,6 +22,7 @@ from dpvision.recipes import (
     default_model,
     default_preprocessing,
     describe,
+    is_colour,
     linear_schedule,
     schedule_for,
 )
@@ -58,26 +59,28 @@ def apply_recipe(
             pre = config.preprocessing
             if pre.kind == AUTO:
                 chosen["preprocessing"] = default_preprocessing(
-                    config.method, features, image_shape[0]
+                    config.method, features, image_shape[0], num_train
                 )
                 pre = dataclasses.replace(pre, **chosen["preprocessing"])
             config = dataclasses.replace(config, features=features, preprocessing=pre)
         if config.method == AUTO:
+            colour = image_shape is not None and is_colour(image_shape[0], num_train)
             schedule = {
                 key: value
                 for key, value in linear_schedule(
-                    num_train, config.epsilon, config.learner.get("batch_size")
+                    num_train, config.epsilon, config.learner.get("batch_size"), colour=colour
                 ).items()
                 if key not in config.learner
                 and not (key == "epochs" and "steps" in config.learner)  # steps override it
             }
             chosen["method"] = RECIPE_METHOD
             chosen.update({f"learner.{key}": value for key, value in schedule.items()})
-            tuned = schedule_for(config.epsilon).epsilon
+            tuned = schedule_for(config.epsilon, colour).epsilon
             target = "a fixed σ" if config.epsilon is None else f"ε = {config.epsilon:g}"
+            where = "on CIFAR-10's training set, colour images" if colour else ""
             why = (
                 f"the default recipe for N = {num_train} at {target} (schedule tuned at "
-                f"ε = {tuned:g}; docs/guide/recipes.md)"
+                f"ε = {tuned:g}{' ' + where if where else ''}; docs/guide/recipes.md)"
             )
             config = dataclasses.replace(
                 config, method=RECIPE_METHOD, learner={**config.learner, **schedule}

@@ -11,6 +11,7 @@ import numpy as np
 from dpvision.accounting import PrivacyLedger, default_accountant, zcdp_epsilon
 from dpvision.accounting.gaussian import is_unsampled_gaussian
 from dpvision.config import TrainConfig
+from dpvision.data.rows import Rows
 from dpvision.data.splits import training_rows
 from dpvision.distributed import current
 from dpvision.errors import DPVisionError
@@ -20,6 +21,7 @@ from dpvision.features.precomputed import load_feature_files
 from dpvision.features.preprocessing import FittedPreprocessing, preprocess
 from dpvision.features.spec import NETWORK_FEATURES
 from dpvision.learners import LEARNERS
+from dpvision.learners.memory import gigabytes
 from dpvision.log import say
 from dpvision.mechanisms.secret import SecretRandomness
 from dpvision.runs.saved import TrainedModel, privacy_of
@@ -122,13 +124,12 @@ def _features(
         # copies of the weights' public rows are public too
         also_public = weight_rows(config, dataset, source, what=f"the {spec.name} weights")
         # The learner's d×d matrices must fit: refused (or warned of) before the extraction.
-        LEARNERS[config.method](
+        learner = LEARNERS[config.method](
             num_classes=dataset.num_classes, device=str(config.placement.device), **config.learner
-        ).check_resources(
-            dataset.num_train,
-            int(np.prod(feature_shape(tuple(dataset.train_images.shape[1:]), spec))),
-            noisy=not config.noise_off,
         )
+        d = int(np.prod(feature_shape(tuple(dataset.train_images.shape[1:]), spec)))
+        learner.check_resources(dataset.num_train, d, noisy=not config.noise_off)
+        say(_memory_estimate(learner, dataset.num_train, dataset.num_test, d), quiet)
         say(
             f"features {config.features} for {dataset.num_train} + {dataset.num_test} images",
             quiet,
@@ -142,6 +143,21 @@ def _features(
     return dataset, train, test, channels, source, also_public
 
 
+def _memory_estimate(learner: Any, num_train: int, num_test: int, d: int) -> str:
+    """One line: the run's peak memory before it starts, the features (one float32 array
+    for the training rows, one for the held-out and test rows, as the preprocessing makes
+    them) and the learner's own (its :class:`~dpvision.learners.memory.Footprint`).
+
+    Privacy: from the shape (n, d, m), public."""
+    features = 4.0 * d * (num_train + num_test)
+    footprint = learner.footprint(num_train, d)
+    own = footprint.bytes if footprint is not None else 0.0
+    return (
+        f"memory: about {gigabytes(features + own)} at the peak ({gigabytes(features)} of "
+        f"float32 features, {gigabytes(own)} for the learner)"
+    )
+
+
 def _held_out(
     config: TrainConfig,
     dataset: Any,
@@ -151,7 +167,8 @@ def _held_out(
     also_public: Any,
 ) -> tuple[Any, np.ndarray, Any, np.ndarray]:
     """(training features, their labels, the held-out then test features, the held-out
-    labels): each training row's side (public, validation, training) from its own keyed
+    labels), the features as :class:`~dpvision.data.rows.Rows` views where they are parts
+    of the cached arrays: each training row's side (public, validation, training) from its own keyed
     hash under ``secret``'s split key, after binding ``secret`` to the rows.
 
     Privacy:
@@ -174,12 +191,13 @@ def _held_out(
         also_public=also_public,
     )
     rows, kept = split.train, split.validation
+    # Views, read once by the preprocessing into the one array each becomes (no copies).
     if len(kept):
         # The held-out rows go through the same (released) preprocessing as the test set.
         validation_labels = train_labels[kept]
-        test = np.concatenate([np.asarray(train[kept]), np.asarray(test)])
+        test = Rows.of(train, kept) + Rows.of(test)
     if len(rows) < len(train_labels):
-        train, train_labels = np.asarray(train[rows]), train_labels[rows]
+        train, train_labels = Rows.of(train, rows), train_labels[rows]
     return train, train_labels, test, validation_labels
 
 
@@ -265,9 +283,9 @@ class FittedLearner(NamedTuple):
 
 def fit_learner(
     config: TrainConfig,
-    train: np.ndarray,
+    train: "np.ndarray | Rows",
     train_labels: np.ndarray,
-    test: np.ndarray,
+    test: "np.ndarray | Rows",
     channels: int,
     num_classes: int,
     *,

@@ -17,6 +17,7 @@ from dpvision.accounting import PrivacyLedger
 from dpvision.config import TrainConfig
 from dpvision.data.core import ImageDataset
 from dpvision.data.inputs import LazyInputs, TrainingData, lazy_pixel_inputs
+from dpvision.data.rows import Rows
 from dpvision.data.splits import public_digests, training_rows
 from dpvision.distributed import current
 from dpvision.errors import DPVisionError
@@ -170,7 +171,8 @@ def _feature_inputs(
     # Under torchrun rank 0 extracts and caches the features, then the others read them.
     train, test = current().main_first(lambda: load_or_extract(dataset, spec, progress=not quiet))
     if split.subset:  # the held-out rows (validation, then test) are only transformed
-        train, test = np.asarray(train[rows]), np.concatenate([np.asarray(train[held]), test])
+        # Views, read once by the preprocessing into the one array each becomes (no copies).
+        train, test = Rows.of(train, rows), Rows.of(train, held) + Rows.of(test)
     train, test, fitted = preprocess(
         config.preprocessing,
         train,
@@ -180,6 +182,8 @@ def _feature_inputs(
         secret.noise("preprocessing"),
         noise_off=config.noise_off,
     )
-    train_x = torch.from_numpy(np.array(train, dtype=np.float32)).view(-1, *shape)
-    test_x = torch.from_numpy(np.array(test, dtype=np.float32)).view(-1, *shape)
+    # The preprocessed arrays are new float32 ones, used as they are (a read-only cached
+    # array, left as is by ``none``, is copied once).
+    train_x = torch.from_numpy(np.require(train, np.float32, ["C", "W"])).view(-1, *shape)
+    test_x = torch.from_numpy(np.require(test, np.float32, ["C", "W"])).view(-1, *shape)
     return split.data(train_x, test_x[len(held) :], test_x[: len(held)]), fitted

@@ -2,6 +2,7 @@
 normalisation (:mod:`dpvision.features.normalization`), as the ``[preprocessing]`` table says.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,13 +70,8 @@ class FittedPreprocessing:
             if not isinstance(features, Rows):
                 return features
             dtype = np.result_type(*(array.dtype for array, _ in features.parts))
-            return _read_all(features, dtype)
-        out = np.empty(features.shape, dtype=np.float32)
-        done = 0
-        for chunk in row_chunks(features, rows_per_chunk(features, CHUNK_BYTES, 4), np.float32):
-            out[done : done + len(chunk)] = self._apply(chunk)
-            done += len(chunk)
-        return out
+            return _read_all(features, np.dtype(dtype))
+        return _read_all(features, np.dtype(np.float32), self._apply)
 
     def _apply(self, chunk: np.ndarray) -> np.ndarray:
         """The transform of a float32 chunk of rows."""
@@ -91,16 +87,21 @@ class FittedPreprocessing:
         return centering.transform(chunk)
 
 
-def _read_all(features: Rows, dtype: np.dtype) -> np.ndarray:
-    """The rows of ``features`` in one array of ``dtype`` (the array itself when they are
-    all of one array's rows)."""
-    if len(features.parts) == 1 and features.parts[0][1] is None:
+def _read_all(
+    features: "np.ndarray | Rows",
+    dtype: np.dtype,
+    apply: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> np.ndarray:
+    """The rows of ``features``, each chunk passed through ``apply``, in one array of
+    ``dtype`` (without ``apply``, the array itself when they are all of one array's rows)."""
+    whole = isinstance(features, Rows) and len(features.parts) == 1
+    if apply is None and whole and features.parts[0][1] is None:
         return features.parts[0][0]
     out = np.empty(features.shape, dtype=dtype)
     done = 0
-    per_chunk = rows_per_chunk(features, CHUNK_BYTES, np.dtype(dtype).itemsize)
+    per_chunk = rows_per_chunk(features, CHUNK_BYTES, dtype.itemsize)
     for chunk in row_chunks(features, per_chunk, dtype):
-        out[done : done + len(chunk)] = chunk
+        out[done : done + len(chunk)] = chunk if apply is None else apply(chunk)
         done += len(chunk)
     return out
 

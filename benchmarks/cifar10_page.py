@@ -70,6 +70,12 @@ below the paper's level), with the measurement: ``{KEY}`` is row KEY's median an
 
 def _why(key: str, by_row: dict[str, list[dict[str, Any]]]) -> str | None:
     """:data:`WHY`'s reason for row ``key``, its ``{KEY}`` filled with the medians."""
+    return _filled(WHY[key], by_row) if key in WHY else None
+
+
+def _filled(text: str, by_row: dict[str, list[dict[str, Any]]]) -> str:
+    """``text`` with each ``{KEY}`` replaced by row KEY's median, ``{range:KEY}`` by its
+    min–max over seeds (or a word that it has not run)."""
 
     def measured(match: re.Match[str]) -> str:
         spread, name = match.group(1), match.group(2)
@@ -81,7 +87,7 @@ def _why(key: str, by_row: dict[str, list[dict[str, Any]]]) -> str | None:
             return f"{_pct(min(accuracies))}–{_pct(max(accuracies))}"
         return _pct(_median(runs))
 
-    return re.sub(r"\{(range:)?([a-z0-9-]+)\}", measured, WHY[key]) if key in WHY else None
+    return re.sub(r"\{(range:)?([a-z0-9-]+)\}", measured, text)
 
 
 def _pct(value: float) -> str:
@@ -178,6 +184,42 @@ def _measured(
     ]
 
 
+def _best_on_cpu(
+    rows: Sequence[Any],
+    by_row: dict[str, list[dict[str, Any]]],
+    targets: dict[float, dict[str, Any]],
+    ablation: str,
+) -> list[str]:
+    """The best measured CPU row at each ε of ``targets`` (its median over seeds and wall
+    time) beside the target and the published rows it is read against; then ``ablation``."""
+    lines = [
+        "## The best on a CPU",
+        "",
+        "The best median on this page at each ε among the rows that ran on a CPU, against the "
+        "best published from-scratch results at that ε.",
+        "",
+        "| ε | best CPU row | dpvision | seeds | wall | target | published |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for epsilon, target in targets.items():
+        measured = [
+            (_median(by_row[row.key]), row)
+            for row in rows
+            if not row.gpu and row.epsilon == epsilon and by_row.get(row.key)
+        ]
+        published = "; ".join(f"{name}: {_pct(value)}" for name, value in target["published"])
+        cells = ["not run yet", "", "", ""]
+        if measured:
+            median, row = max(measured, key=lambda pair: pair[0])
+            runs = by_row[row.key]
+            wall = statistics.median(r["wall_seconds"] for r in runs)
+            cells = [f"`{row.key}`: {row.what}", f"**{_pct(median)}**", str(len(runs))]
+            cells.append(_duration(wall))
+        cells = [_epsilon(epsilon), *cells, _pct(target["target"]), published]
+        lines.append("| " + " | ".join(cells) + " |")
+    return [*lines, "", _filled(ablation, by_row), ""]
+
+
 def write_page(
     rows: Sequence[Any],
     store: dict[str, Any],
@@ -185,9 +227,11 @@ def write_page(
     copy: str,
     copy_cost: float,
     intros: dict[str, str] | None = None,
+    best: tuple[dict[float, dict[str, Any]], str] | None = None,
 ) -> None:
     """Writes the page for ``rows`` from ``store`` (``docs/results/cifar10.json``); ``copy``
-    names the dataset copy, ``copy_cost`` is its expected cost against the papers."""
+    names the dataset copy, ``copy_cost`` is its expected cost against the papers; ``best``:
+    (per ε, the target and published rows; the ablation's text) for :func:`_best_on_cpu`."""
     by_row: dict[str, list[dict[str, Any]]] = {}
     for run in store["runs"]:
         by_row.setdefault(run["row"], []).append(run)
@@ -257,6 +301,8 @@ def write_page(
             for note, keys in notes.items()
         ]
         lines += ["", *(f"- {line}" for line in said), ""] if said else [""]
+    if best is not None:
+        lines += _best_on_cpu(rows, by_row, *best)
     waiting = [row for row in rows if row.key not in by_row]
     if waiting:
         lines += [

@@ -31,7 +31,7 @@ def test_rows_are_unique_and_name_what_they_compare() -> None:
         assert row.commands[-1][0] == "train"
         assert row.seeds in (1, 3)
     papers = {row.paper for row in cifar10.ROWS}
-    assert papers == {cifar10.T0, cifar10.T2, cifar10.T3, cifar10.T4}
+    assert papers == {cifar10.T0, cifar10.T2, cifar10.T3, cifar10.T4, cifar10.DPV}
 
 
 @pytest.mark.parametrize("row", cifar10.ROWS, ids=lambda row: row.key)
@@ -314,3 +314,27 @@ def test_missing_seeds_only_runs_what_the_store_lacks(tmp_path: Path) -> None:
     cifar10.run_row(_row(), [0], tmp_path, store, skip_done=True)
     assert store["runs"] == [done]
     assert not (tmp_path / "digits-dp-ls.log").exists()
+
+
+def test_the_best_on_a_cpu_is_the_best_cpu_median_at_each_epsilon(tmp_path: Path) -> None:
+    """The summary takes the highest median among the CPU rows at that ε (not a GPU row, not
+    another ε), with its seeds and wall time, and fills the ablation's measurements in."""
+    rows = [
+        _row(key="low", published=0.6, epsilon=3.0),
+        _row(key="high", published=0.6, epsilon=3.0),
+        _row(key="gpu", published=0.6, epsilon=3.0, gpu=True),
+        _row(key="other-epsilon", published=0.6, epsilon=1.0),
+    ]
+    runs = [_run("low", 0.50), _run("high", 0.62), _run("high", 0.64, seed=1), _run("gpu", 0.9)]
+    runs.append(_run("other-epsilon", 0.8))
+    targets = {3.0: {"target": 0.72, "published": (("seed 004", 0.693),)}}
+    by_row: dict[str, list[dict[str, object]]] = {}
+    for run in runs:
+        by_row.setdefault(str(run["row"]), []).append(run)
+    lines = cifar10_page._best_on_cpu(rows, by_row, targets, "low {low}, high {high}, {none}")
+    line = next(x for x in lines if x.startswith("| 3 "))
+    for cell in ("`high`", "**63.00**", "| 2 |", "72.00", "seed 004: 69.30"):
+        assert cell in line
+    assert "low 50.00, high 63.00, (`none`: not run yet)" in lines
+    nothing = cifar10_page._best_on_cpu(rows, by_row, {8.0: targets[3.0]}, "")
+    assert "not run yet" in next(x for x in nothing if x.startswith("| 8 "))

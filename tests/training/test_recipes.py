@@ -9,6 +9,7 @@ import pytest
 from dpvision.cli import main
 from dpvision.config import resolve
 from dpvision.recipes import (
+    COLOUR_MIN_EPSILON,
     COLOUR_MIN_TRAIN,
     COLOUR_PREPROCESSING,
     COLOUR_SCHEDULES,
@@ -17,6 +18,7 @@ from dpvision.recipes import (
     default_features,
     default_model,
     default_preprocessing,
+    is_colour,
     linear_schedule,
     schedule_for,
 )
@@ -131,18 +133,21 @@ def _npz(path, rng, labels):
 
 
 def test_colour_images_take_privdatanorm_and_the_colour_schedules():
-    colour = default_preprocessing("auto", "scatternet", 3, 50_000)
+    colour = default_preprocessing("auto", "scatternet", 3, colour=True)
     assert colour == COLOUR_PREPROCESSING
     assert colour["kind"] == "private-norm"
-    assert default_preprocessing("dp-sgd-linear", "scatternet", 3, COLOUR_MIN_TRAIN) == colour
-    # grey images, too few examples for the private statistics, other learners: group-norm
-    for method, channels, n in (
-        ("auto", 1, 60_000),
-        ("auto", 3, COLOUR_MIN_TRAIN - 1),
-        ("auto", 3, None),
-        ("dp-ls", 3, 50_000),
+    assert default_preprocessing("dp-sgd-linear", "scatternet", 3, colour=True) == colour
+    assert default_preprocessing("dp-ls", "scatternet", 3, colour=True)["kind"] == "group-norm"
+    assert is_colour(3, COLOUR_MIN_TRAIN, 3.0)
+    assert is_colour(3, COLOUR_MIN_TRAIN)  # a fixed σ: no target to be short of
+    # grey images, too few examples for the private statistics, too small a budget
+    for channels, n, epsilon in (
+        (1, 60_000, 3.0),
+        (3, COLOUR_MIN_TRAIN - 1, 3.0),
+        (3, None, 3.0),
+        (3, 50_000, COLOUR_MIN_EPSILON / 2),
     ):
-        assert default_preprocessing(method, "scatternet", channels, n)["kind"] == "group-norm"
+        assert not is_colour(channels, n, epsilon)
     for tuned in COLOUR_SCHEDULES:
         options = linear_schedule(50_000, tuned.epsilon, colour=True)
         assert options["batch_size"] == tuned.batch_size  # tuned at N = 50 000
@@ -170,6 +175,61 @@ def test_the_recipe_of_colour_images_from_the_shape_and_n(tmp_path):
     assert named.preprocessing.kind == "private-norm"
     held, _ = apply_recipe(resolve(sets=[*base, "validation_fraction=0.5"]))  # N = 2 500
     assert held.preprocessing.kind == "group-norm"
+
+
+def _colour_npz(tmp_path):
+    rng = np.random.default_rng(0)
+    path, labels = tmp_path / "c.npz", rng.integers(0, 3, COLOUR_MIN_TRAIN + 100)
+    x = rng.integers(0, 256, (len(labels), 8, 8, 3), dtype=np.uint8)
+    n = COLOUR_MIN_TRAIN
+    np.savez(path, x_train=x[:n], y_train=labels[:n], x_test=x[n:], y_test=labels[n:])
+    return [f"dataset='npz:{path}'", "num_classes=3"]
+
+
+def test_below_its_epsilon_colour_images_keep_the_free_group_norm(tmp_path):
+    """PrivDataNorm's releases alone cost ε ≈ 0.63: at ε = 0.5 the colour recipe would find
+    no σ for the steps; the run takes the grey recipe instead (and runs)."""
+    base = _colour_npz(tmp_path)
+    config, recipe = apply_recipe(resolve(sets=[*base, "epsilon=0.5"]))
+    assert config.preprocessing.kind == "group-norm"
+    assert config.learner["epochs"] == schedule_for(0.5).epochs
+    assert "colour" not in recipe["why"]
+    at_one, _ = apply_recipe(resolve(sets=[*base, f"epsilon={COLOUR_MIN_EPSILON}"]))
+    assert at_one.preprocessing.kind == "private-norm"
+
+
+def test_the_recipe_keeps_the_preprocessing_options_the_user_set(tmp_path):
+    base = [*_colour_npz(tmp_path), "epsilon=3.0"]
+    sets = ["preprocessing.noise_multiplier=16.0", "preprocessing.mean_clip=0.1"]
+    config, recipe = apply_recipe(resolve(sets=[*base, *sets]))
+    pre = config.preprocessing
+    assert pre.kind == "private-norm"
+    assert (pre.noise_multiplier, pre.mean_clip) == (16.0, 0.1)
+    assert pre.square_clip == COLOUR_PREPROCESSING["square_clip"]  # left to the recipe
+    assert recipe["set"]["preprocessing"]["noise_multiplier"] == 16.0  # what ran
+    named = ["method='dp-ls'", "features='scatternet'", "preprocessing.groups=9"]
+    grouped, _ = apply_recipe(resolve(sets=[*base, *named]))
+    assert (grouped.preprocessing.kind, grouped.preprocessing.groups) == ("group-norm", 9)
+
+
+def test_the_colour_schedules_follow_privdatanorm_on_scatternet_only(tmp_path):
+    """They were tuned after PrivDataNorm on ScatterNet features: pixels, or another
+    normalisation the user chose, take the grey-scale schedules."""
+    base = [*_colour_npz(tmp_path), "epsilon=3.0"]
+    colour = schedule_for(3.0, colour=True)
+    for extra in ("features='pixels'", "preprocessing.kind='group-norm'"):
+        config, recipe = apply_recipe(resolve(sets=[*base, extra]))
+        assert config.learner["epochs"] == schedule_for(3.0).epochs != colour.epochs
+        assert "colour" not in recipe["why"]
+
+
+def test_tune_on_colour_images_gets_the_group_norm_it_can_calibrate(tmp_path):
+    """tune calibrates its candidates' steps, not PrivDataNorm's releases: its recipe
+    leaves them out instead of refusing a preprocessing the user never chose."""
+    config, _ = apply_recipe(
+        resolve(sets=[*_colour_npz(tmp_path), "epsilon=3.0"]), private_statistics=False
+    )
+    assert config.preprocessing.kind == "group-norm"
 
 
 def test_the_recipe_reads_no_pixel_and_no_label(tmp_path):

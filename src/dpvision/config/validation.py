@@ -251,7 +251,7 @@ def _resolve_auto(config: TrainConfig) -> TrainConfig:
     kind = features.strip().split(":", 1)[0]
     recipe_features = kind in ("pixels", "scatternet") and config.method in (AUTO, RECIPE_METHOD)
     if pre.kind == AUTO and features != AUTO and not recipe_features:
-        pre = dataclasses.replace(pre, **default_preprocessing(config.method, features))
+        pre = pre.filled(default_preprocessing(config.method, features))
     return dataclasses.replace(config, features=features, preprocessing=pre)
 
 

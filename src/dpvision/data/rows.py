@@ -157,7 +157,16 @@ class Rows:
 
     @classmethod
     def of(cls, array: np.ndarray, rows: np.ndarray | None = None) -> "Rows":
-        return cls(((array, None if rows is None else np.asarray(rows)),))
+        """``array``'s rows ``rows`` (integer indices; ``None``: all of them)."""
+        if rows is None:
+            return cls(((array, None),))
+        indices = np.asarray(rows)
+        if indices.ndim != 1 or not (indices.size == 0 or np.issubdtype(indices.dtype, np.integer)):
+            # a boolean mask would be cut into chunks and read as positions within each
+            raise TypeError(
+                f"Rows.of takes integer row indices, not {indices.dtype} {indices.shape}"
+            )
+        return cls(((array, indices),))
 
     def __add__(self, other: "Rows") -> "Rows":
         return Rows(self.parts + other.parts)

@@ -3,7 +3,8 @@ normalisation (:mod:`dpvision.features.normalization`), as the ``[preprocessing]
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import numpy as np
 
@@ -36,6 +37,13 @@ class PreprocessingConfig:
     mean_clip: float = 1.0
     square_clip: float = 1.0
     clip_norm: float = 1.0
+
+    def filled(self, chosen: dict[str, Any]) -> "PreprocessingConfig":
+        """This config with a recipe's ``chosen`` options where it left them to the recipe:
+        the kind, and every option still at its default (an option the user set is kept)."""
+        default = PreprocessingConfig()
+        unset = {f.name for f in fields(self) if getattr(self, f.name) == getattr(default, f.name)}
+        return replace(self, **{k: v for k, v in chosen.items() if k == "kind" or k in unset})
 
 
 PREPROCESSING = ("none", "group-norm", "private-norm", "center")

@@ -32,7 +32,7 @@ __all__ = ["DataFacts", "apply_recipe", "data_facts"]
 
 
 def apply_recipe(
-    config: TrainConfig, secret: SecretRandomness | None = None
+    config: TrainConfig, secret: SecretRandomness | None = None, private_statistics: bool = True
 ) -> tuple[TrainConfig, dict[str, Any]]:
     """The config with every ``auto`` left resolved, and the result's ``recipe`` entry:
     ``default`` (whether the method came from the recipe), ``set`` (the options the recipe
@@ -40,7 +40,10 @@ def apply_recipe(
 
     Privacy: reads N (public, as in every sample rate B/N) and the image shape, never the
     labels or the pixels' values; the options the user set are kept. ``secret``: the
-    run's secret randomness (its validation split decides N).
+    run's secret randomness (its validation split decides N). ``private_statistics``:
+    whether the recipe may choose preprocessing that makes releases of its own (the colour
+    images' PrivDataNorm); ``tune`` calibrates only its candidates' steps, so it passes
+    False and gets group-norm.
     """
     chosen: dict[str, Any] = {}
     why = "as configured"
@@ -58,13 +61,19 @@ def apply_recipe(
                 features = chosen["features"] = default_features(config.method, image_shape)
             pre = config.preprocessing
             if pre.kind == AUTO:
-                chosen["preprocessing"] = default_preprocessing(
-                    config.method, features, image_shape[0], num_train
-                )
-                pre = dataclasses.replace(pre, **chosen["preprocessing"])
+                colour = private_statistics and is_colour(image_shape[0], num_train, config.epsilon)
+                recipe = default_preprocessing(config.method, features, image_shape[0], colour)
+                pre = pre.filled(recipe)
+                chosen["preprocessing"] = {key: getattr(pre, key) for key in recipe}
             config = dataclasses.replace(config, features=features, preprocessing=pre)
         if config.method == AUTO:
-            colour = image_shape is not None and is_colour(image_shape[0], num_train)
+            # the colour schedules were tuned after PrivDataNorm on ScatterNet features
+            colour = (
+                image_shape is not None
+                and is_colour(image_shape[0], num_train, config.epsilon)
+                and config.preprocessing.kind == "private-norm"
+                and parse_feature_spec(config.features).name == "scatternet"
+            )
             schedule = {
                 key: value
                 for key, value in linear_schedule(

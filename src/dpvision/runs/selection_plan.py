@@ -230,7 +230,7 @@ def _candidates(
     for setting, validated in zip(settings, configs, strict=True):
         _check_candidate(validated, setting)  # again below, with the recipe's preprocessing
     for index, (setting, validated) in enumerate(zip(settings, configs, strict=True)):
-        config, recipe = apply_recipe(validated, secret)
+        config, recipe = apply_recipe(validated, secret, private_statistics=False)
         _check_candidate(config, setting)
         facts = data_facts(config, secret)
         sizes.add((facts.num_train, facts.num_validation))

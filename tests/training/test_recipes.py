@@ -158,13 +158,17 @@ def test_colour_images_take_privdatanorm_and_the_colour_schedules():
     assert linear_schedule(60_000, 3.0) == linear_schedule(60_000, 3.0, colour=False)
 
 
-def test_the_recipe_of_colour_images_from_the_shape_and_n(tmp_path):
+def _colour_npz(tmp_path):
     rng = np.random.default_rng(0)
     path, labels = tmp_path / "c.npz", rng.integers(0, 3, COLOUR_MIN_TRAIN + 100)
     x = rng.integers(0, 256, (len(labels), 8, 8, 3), dtype=np.uint8)
     n = COLOUR_MIN_TRAIN
     np.savez(path, x_train=x[:n], y_train=labels[:n], x_test=x[n:], y_test=labels[n:])
-    base = [f"dataset='npz:{path}'", "num_classes=3", "epsilon=3.0"]
+    return [f"dataset='npz:{path}'", "num_classes=3"]
+
+
+def test_the_recipe_of_colour_images_from_the_shape_and_n(tmp_path):
+    base = [*_colour_npz(tmp_path), "epsilon=3.0"]
     config, recipe = apply_recipe(resolve(sets=base))
     assert config.features == "scatternet"
     assert config.preprocessing.kind == "private-norm"
@@ -175,15 +179,6 @@ def test_the_recipe_of_colour_images_from_the_shape_and_n(tmp_path):
     assert named.preprocessing.kind == "private-norm"
     held, _ = apply_recipe(resolve(sets=[*base, "validation_fraction=0.5"]))  # N = 2 500
     assert held.preprocessing.kind == "group-norm"
-
-
-def _colour_npz(tmp_path):
-    rng = np.random.default_rng(0)
-    path, labels = tmp_path / "c.npz", rng.integers(0, 3, COLOUR_MIN_TRAIN + 100)
-    x = rng.integers(0, 256, (len(labels), 8, 8, 3), dtype=np.uint8)
-    n = COLOUR_MIN_TRAIN
-    np.savez(path, x_train=x[:n], y_train=labels[:n], x_test=x[n:], y_test=labels[n:])
-    return [f"dataset='npz:{path}'", "num_classes=3"]
 
 
 def test_below_its_epsilon_colour_images_keep_the_free_group_norm(tmp_path):

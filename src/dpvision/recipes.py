@@ -81,14 +81,12 @@ class LinearSchedule:
       batch_size: the expected batch size B at the reference N.
       epochs: the length of the run in passes over the data (steps T = epochs / q).
       learning_rate_per_512: the learning rate divided by B / 512.
-      ema_decay: μ of the average of the iterates (0: none).
     """
 
     epsilon: float
     batch_size: int
     epochs: float
     learning_rate_per_512: float
-    ema_decay: float = 0.0
 
 
 LINEAR_SCHEDULES: tuple[LinearSchedule, ...] = (
@@ -174,15 +172,12 @@ def linear_schedule(
     reference = _COLOUR_REFERENCE_N if colour else _REFERENCE_N
     batch = max(1, min(tuned.batch_size, round(tuned.batch_size * num_train / reference)))
     batch = batch_size or batch  # the user's batch: the learning rate follows it
-    options = {
+    return {
         **_LINEAR_FIXED,
         "batch_size": batch,
         "epochs": tuned.epochs,
         "learning_rate": tuned.learning_rate_per_512 * batch / 512,
     }
-    if tuned.ema_decay:
-        options["ema_decay"] = tuned.ema_decay
-    return options
 
 
 DEEP_FIXED: dict[str, Any] = {"max_grad_norm": 0.1, "optimizer": "sgd", "momentum": 0.9}
@@ -261,11 +256,10 @@ def default_preprocessing(
 ) -> dict[str, Any]:
     """``preprocessing.kind = "auto"``: for the recipe's linear head on ScatterNet features
     of colour images (``colour``: :func:`is_colour` of the run), PrivDataNorm
-    (:data:`COLOUR_PREPROCESSING`); otherwise group
-    normalisation (per example, free) for the feature learners: of ScatterNet features in
-    27 groups; of the pixels of the recipe's linear head (``channels`` of them) as one
-    group, so that its clip norm and learning rate see features of norm √d either way. None
-    otherwise, and for deep models."""
+    (:data:`COLOUR_PREPROCESSING`); otherwise group normalisation (per example, free) for
+    the feature learners: of ScatterNet features in 27 groups; of the pixels of the recipe's
+    linear head (``channels`` of them) as one group, so that its clip norm and learning rate
+    see features of norm √d either way. None otherwise, and for deep models."""
     if method in ("dp-sgd", "dp-randp"):
         return {"kind": "none"}
     if features.strip().split(":", 1)[0] == "scatternet":
